@@ -1,0 +1,64 @@
+"""Choosing between the Triton kernels and the PyTorch references.
+
+``backend`` is one of ``"auto"``, ``"triton"``, ``"torch"``. The environment variable
+``REPLAYSSM_BACKEND`` (same values) overrides what callers ask for.
+
+* ``"auto"``: Triton for CUDA tensors when Triton imports, the PyTorch reference otherwise.
+* ``"triton"``: always the Triton kernels; on CPU tensors this needs ``TRITON_INTERPRET=1``
+  in the environment before Triton is imported (the interpreter runs the same kernels).
+* ``"torch"``: always the PyTorch reference.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+BACKENDS = ("auto", "triton", "torch")
+ENV_VAR = "REPLAYSSM_BACKEND"
+
+
+class KernelBackendError(RuntimeError):
+    """The requested backend cannot run on the given tensors."""
+
+
+@functools.lru_cache(maxsize=1)
+def triton_available() -> bool:
+    """Whether ``import triton`` works."""
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def triton_interpreter_on() -> bool:
+    """Whether ``TRITON_INTERPRET=1`` is set (Triton kernels then run on CPU tensors)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def resolve_backend(requested: str, device: torch.device) -> str:
+    """Return ``"triton"`` or ``"torch"`` for tensors on ``device``.
+
+    Raises ``KernelBackendError`` when Triton is forced but cannot run there.
+    """
+    forced = os.environ.get(ENV_VAR)
+    choice = (forced or requested or "auto").lower()
+    if choice not in BACKENDS:
+        source = f"${ENV_VAR}" if forced else "backend"
+        raise KernelBackendError(f"{source} must be one of {', '.join(BACKENDS)}; got {choice!r}")
+    if choice == "torch":
+        return "torch"
+    if choice == "auto":
+        return "triton" if (device.type == "cuda" and triton_available()) else "torch"
+    # explicit triton
+    if not triton_available():
+        raise KernelBackendError("backend='triton' needs the triton package, which failed to import")
+    if device.type != "cuda" and not triton_interpreter_on():
+        raise KernelBackendError(
+            f"backend='triton' on {device.type} tensors needs TRITON_INTERPRET=1 set before triton is imported"
+        )
+    return "triton"

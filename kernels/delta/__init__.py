@@ -1,0 +1,1 @@
+"""Delta-rule (Gated DeltaNet, Kimi Delta Attention) ReplaySSM kernels and references."""

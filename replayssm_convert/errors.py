@@ -1,0 +1,50 @@
+"""Exception classes. Every message says what was expected and what was found."""
+
+from __future__ import annotations
+
+
+class ReplaySSMError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+    hint: str | None = None
+
+    def __init__(self, message: str, *, hint: str | None = None):
+        super().__init__(message)
+        if hint is not None:
+            self.hint = hint
+
+
+class ConfigError(ReplaySSMError, ValueError):
+    """A configuration field has an invalid value."""
+
+
+class NoSSMLayersError(ReplaySSMError):
+    """The model has no SSM layer that this package knows."""
+
+
+class UnsupportedLayerError(ReplaySSMError):
+    """An SSM layer was found but this version cannot rewrite it."""
+
+
+class ModelSpecError(ReplaySSMError):
+    """A model argument (path, hub id or ``tiny:`` spec) cannot be resolved."""
+
+
+class CheckpointError(ReplaySSMError):
+    """A checkpoint directory is missing files, truncated or corrupt."""
+
+
+class OutputExistsError(ReplaySSMError):
+    """The output directory exists and overwriting was not asked for."""
+
+
+class ValidationFailedError(ReplaySSMError):
+    """The patched model's outputs differ from the original's beyond tolerance."""
+
+
+class SchemaVersionError(ReplaySSMError):
+    """A ``replayssm`` block in config.json was written by a newer package."""
+
+
+class BackendError(ReplaySSMError):
+    """The requested kernel backend cannot run on these tensors."""

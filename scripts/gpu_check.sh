@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs the GPU tests and the benchmarks in one call on a CUDA machine.
+#   bash scripts/gpu_check.sh            # everything
+#   SKIP_BENCH=1 bash scripts/gpu_check.sh   # tests only
+# Results land in ${OUT:-results}/ (logs, benchmark tables).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT_DIR="${OUT:-examples/benchmarks/results/latest}"
+mkdir -p "$OUT_DIR"
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT_DIR/install.log" 2>&1 || { cat "$OUT_DIR/install.log"; exit 1; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT_DIR/gpu.txt"
+python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT_DIR/gpu.txt"
+rc=0
+python3 -m pytest -m gpu -q -x ${PYTEST_ARGS:-} tests 2>&1 | tee "$OUT_DIR/gpu_tests.log" || rc=1
+if [ -z "${SKIP_BENCH:-}" ]; then
+  for b in examples/benchmarks/bench_*.py; do
+    [ -e "$b" ] || continue
+    python3 "$b" --out "$OUT_DIR" ${BENCH_ARGS:-} 2>&1 | tee "$OUT_DIR/$(basename "$b" .py).log" || rc=1
+  done
+fi
+exit $rc
