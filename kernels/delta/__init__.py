@@ -1,1 +1,72 @@
-"""Delta-rule (Gated DeltaNet, Kimi Delta Attention) ReplaySSM kernels and references."""
+"""Delta-rule (Gated DeltaNet, Kimi Delta Attention) ReplaySSM kernels and references.
+
+``delta_replay_decode`` / ``delta_step_decode`` dispatch on ``backend`` (see
+``replayssm.kernels.backend``) to the Triton kernels or the PyTorch references, which
+share one signature. Under ``torch.compile`` the dispatchers go through the custom ops of
+``replayssm.kernels.delta.ops`` (``torch.ops.replayssm.delta_*``), so a compiled graph
+holds one opaque node per call and needs no graph break.
+
+Shapes (see ``reference.py`` for the maths): q, k (Bt, Hk, K); v (Bt, HV, V); g (Bt, HV)
+for Gated DeltaNet or (Bt, HV, K) for KDA, fp32; beta (Bt, HV) fp32; state (Bt, HV, K, V);
+u_buf (Bt, HV, L, V); k_buf (Bt, Hk, L, K); g_buf (Bt, HV, L) or (Bt, HV, L, K) fp32;
+cursor (Bt,) int32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..backend import resolve_backend
+from .reference import (
+    delta_replay_decode_reference,
+    delta_replay_materialize_reference,
+    delta_step_decode_reference,
+)
+
+__all__ = [
+    "delta_replay_decode",
+    "delta_replay_decode_reference",
+    "delta_replay_materialize",
+    "delta_replay_materialize_reference",
+    "delta_step_decode",
+    "delta_step_decode_reference",
+]
+
+
+def _compiling() -> bool:
+    try:
+        return torch.compiler.is_compiling()
+    except AttributeError:  # pragma: no cover - very old torch
+        return False
+
+
+def delta_replay_decode(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out=None, *,
+                        backend: str = "auto") -> torch.Tensor:
+    """One ReplaySSM decode step; see ``delta_replay_decode_reference`` for shapes."""
+    if _compiling():
+        from . import ops
+
+        return ops.replay_decode_via_op(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, backend)
+    if resolve_backend(backend, v.device) == "triton":
+        from .triton_decode import delta_replay_decode_triton
+
+        return delta_replay_decode_triton(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out)
+    return delta_replay_decode_reference(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out)
+
+
+def delta_step_decode(q, k, v, g, beta, state, *, backend: str = "auto") -> torch.Tensor:
+    """The ordinary per-step recurrence (baseline); see ``delta_step_decode_reference``."""
+    if _compiling():
+        from . import ops
+
+        return ops.step_decode_via_op(q, k, v, g, beta, state, backend)
+    if resolve_backend(backend, v.device) == "triton":
+        from .triton_step import delta_step_decode_triton
+
+        return delta_step_decode_triton(q, k, v, g, beta, state)
+    return delta_step_decode_reference(q, k, v, g, beta, state)
+
+
+def delta_replay_materialize(state, u_buf, k_buf, g_buf, cursor) -> torch.Tensor:
+    """Fold the ring into the checkpoint (rare: before a stock prefill or an export)."""
+    return delta_replay_materialize_reference(state, u_buf, k_buf, g_buf, cursor)

@@ -1,0 +1,232 @@
+"""Plain PyTorch reference of the delta-rule ReplaySSM decode step (also the CPU path).
+
+Covers Gated DeltaNet (GDN: one log-decay per value head) and Kimi Delta Attention (KDA:
+one log-decay per key channel) with the same functions; ``g.dim()`` tells them apart.
+
+Layout (Hugging Face's): the state of value head h is ``S`` (K, V), rows = key dim. Value
+head h reads key head ``h // (HV // Hk)`` (grouped value heads). One recurrence step is
+
+    S <- exp(g) * S            (GDN: a scalar; KDA: row k scaled by exp(g[k]))
+    r = S^T k ;  u = beta * (v - r) ;  S <- S + k u^T ;  o = S^T q
+
+ReplaySSM keeps a checkpoint ``S0`` plus a ring of the corrected values ``u_j``, the keys
+``k_j`` and the log-decays ``g_j`` of the tokens received since the checkpoint. With
+``c = cursor[b]`` buffered entries, the current token is window entry c, and with
+``G_j = sum_{i<=j} g_i`` over window entries (a vector over K for KDA):
+
+    A = exp(G_c) * S0 + sum_{j<c} (exp(G_c - G_j) * k_j) u_j^T        (= alpha_c S_{c-1})
+    r = A^T k_c ;  u_c = beta_c (v_c - r) ;  S_c = A + k_c u_c^T ;  o = S_c^T q
+
+* Flush (``c == L - 1``): ``S0 <- S_c`` rounded once to the checkpoint dtype; the ring
+  restarts empty. Otherwise ``(u_c, k_c, g_c)`` is appended at slot c (u rounded to the
+  ``u_buf`` dtype, k to the ``k_buf`` dtype, g kept fp32). The cursor advances to
+  ``(c + 1) % L`` on every active row; rows with ``cursor < 0`` are idle (nothing of theirs
+  is read or written, ``out`` keeps its contents).
+
+Precision of the current token (the Triton kernels follow the same rule): the current
+token's own ``u_c`` and ``k_c`` enter its output, and on a flush step the new checkpoint,
+in fp32 (``u_c`` is never rounded before use; ``k_c`` is the input upcast to fp32). Only
+the copies appended to the ring are rounded to the buffer dtype, and later steps read
+those. So with fp32 buffers every step equals the exact fp32 recurrence up to summation
+order; with bf16/fp16 buffers each buffered ``u_j`` carries one rounding, which the next
+flush folds into the checkpoint.
+
+Everything is computed for every row and selected with ``torch.where`` (no host-side
+decision from tensor values), so the reference can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "delta_replay_decode_reference",
+    "delta_replay_materialize_reference",
+    "delta_step_decode_reference",
+]
+
+
+def _check_shapes(q, k, v, g, beta, state, u_buf, k_buf, g_buf):
+    Bt, HV, L, V = u_buf.shape
+    Hk, K = k_buf.shape[1], k_buf.shape[3]
+    if HV % Hk != 0:
+        raise ValueError(f"value heads ({HV}) must be a multiple of key heads ({Hk})")
+    if tuple(q.shape) != (Bt, Hk, K) or tuple(k.shape) != (Bt, Hk, K):
+        raise ValueError(f"q and k must be (Bt, Hk, K) = {(Bt, Hk, K)}; got {tuple(q.shape)}, {tuple(k.shape)}")
+    if tuple(v.shape) != (Bt, HV, V):
+        raise ValueError(f"v must be (Bt, HV, V) = {(Bt, HV, V)}; got {tuple(v.shape)}")
+    if tuple(state.shape) != (Bt, HV, K, V):
+        raise ValueError(f"state must be (Bt, HV, K, V) = {(Bt, HV, K, V)}; got {tuple(state.shape)}")
+    if tuple(k_buf.shape) != (Bt, Hk, L, K):
+        raise ValueError(f"k_buf must be (Bt, Hk, L, K) = {(Bt, Hk, L, K)}; got {tuple(k_buf.shape)}")
+    if g.dim() == 2:
+        if tuple(g.shape) != (Bt, HV) or tuple(g_buf.shape) != (Bt, HV, L):
+            raise ValueError("GDN: g must be (Bt, HV) and g_buf (Bt, HV, L)")
+    elif g.dim() == 3:
+        if tuple(g.shape) != (Bt, HV, K) or tuple(g_buf.shape) != (Bt, HV, L, K):
+            raise ValueError("KDA: g must be (Bt, HV, K) and g_buf (Bt, HV, L, K)")
+    else:
+        raise ValueError(f"g must be (Bt, HV) or (Bt, HV, K); got {tuple(g.shape)}")
+    if tuple(beta.shape) != (Bt, HV):
+        raise ValueError(f"beta must be (Bt, HV); got {tuple(beta.shape)}")
+    return Bt, HV, Hk, L, K, V
+
+
+def _decayed_history(state, u_buf, k_buf, g_buf, n, g_tail):
+    """``exp(G) * S0 + sum_{j<n} (exp(G - G_j) * k_j) u_j^T`` in fp32, G = G_{n-1} + g_tail.
+
+    ``n`` (Bt,) long: number of ring entries to use (entries j >= n are never read, so
+    they may hold anything, NaN included). ``g_tail`` (Bt, HV) or (Bt, HV, K) fp32: the
+    log-decay appended after the last entry (the current token's g, or zeros).
+    Returns (Bt, HV, K, V) fp32.
+    """
+    Bt, HV, L, V = u_buf.shape
+    Hk = k_buf.shape[1]
+    kda = g_buf.dim() == 4
+    dev = u_buf.device
+    zero = torch.zeros((), device=dev)
+    hist = torch.arange(L, device=dev)[None, :] < n[:, None]  # (Bt, L)
+    h4 = hist[:, None, :, None]
+    ub = torch.where(h4, u_buf.float(), zero)  # (Bt, HV, L, V)
+    kb = torch.where(h4, k_buf.float(), zero).repeat_interleave(HV // Hk, dim=1)  # (Bt, HV, L, K)
+    if kda:
+        gh = torch.where(h4, g_buf.float(), zero)  # (Bt, HV, L, K)
+        gcum = torch.cumsum(gh, dim=2)
+        gtot = gh.sum(dim=2) + g_tail.float()  # (Bt, HV, K)
+        kw = kb * torch.exp(gtot[:, :, None, :] - gcum)
+        s = torch.exp(gtot)[..., None] * state.float()
+    else:
+        gh = torch.where(hist[:, None, :], g_buf.float(), zero)  # (Bt, HV, L)
+        gcum = torch.cumsum(gh, dim=2)
+        gtot = gh.sum(dim=2) + g_tail.float()  # (Bt, HV)
+        kw = kb * torch.exp(gtot[:, :, None] - gcum)[..., None]
+        s = torch.exp(gtot)[..., None, None] * state.float()
+    return s + torch.einsum("bhlk,bhlv->bhkv", kw, ub)
+
+
+def delta_replay_decode_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    u_buf: torch.Tensor,
+    k_buf: torch.Tensor,
+    g_buf: torch.Tensor,
+    cursor: torch.Tensor,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One ReplaySSM decode step of a delta-rule layer for a batch of rows.
+
+    Args:
+        q, k: (Bt, Hk, K) current query and key, L2-normalised; q already scaled by K^-0.5.
+        v: (Bt, HV, V) current value (activation dtype).
+        g: (Bt, HV) fp32 log-decay (GDN) or (Bt, HV, K) fp32 per key channel (KDA).
+        beta: (Bt, HV) fp32, already through the sigmoid.
+        state: (Bt, HV, K, V) checkpoint S0, fp32/bf16/fp16; written in place on flush rows.
+        u_buf: (Bt, HV, L, V) ring of corrected values (usually the activation dtype).
+        k_buf: (Bt, Hk, L, K) ring of keys, one per key head.
+        g_buf: (Bt, HV, L) or (Bt, HV, L, K) fp32 ring of log-decays.
+        cursor: (Bt,) int32 number of buffered entries c in [0, L-1]; c < 0 marks an idle
+            row. Advanced in place to (c + 1) % L on active rows; rows with c == L-1 flush.
+        out: optional (Bt, HV, V) output; idle rows keep its contents.
+
+    Returns:
+        o (Bt, HV, V) in ``v.dtype`` (``out`` if given; idle rows are zero when ``out`` is
+        None).
+    """
+    Bt, HV, Hk, L, K, V = _check_shapes(q, k, v, g, beta, state, u_buf, k_buf, g_buf)
+    grp = HV // Hk
+    kda = g.dim() == 3
+    active = cursor >= 0
+    c = cursor.clamp(min=0).long()
+
+    a = _decayed_history(state, u_buf, k_buf, g_buf, c, g)  # alpha_c S_{c-1}, fp32
+    qf = q.float().repeat_interleave(grp, dim=1)  # (Bt, HV, K)
+    kf = k.float().repeat_interleave(grp, dim=1)
+    r = torch.einsum("bhkv,bhk->bhv", a, kf)
+    u = beta.float()[..., None] * (v.float() - r)  # fp32, never rounded before use
+    s = a + kf[..., None] * u[..., None, :]
+    o = torch.einsum("bhkv,bhk->bhv", s, qf)
+
+    # Append (u_c, k_c, g_c) at slot c on active, non-flush rows.
+    flush = active & (c == L - 1)
+    app = active & ~flush
+    slot = torch.arange(L, device=u_buf.device)[None, :] == c[:, None]  # (Bt, L)
+    sel = (slot & app[:, None])[:, None, :, None]  # (Bt, 1, L, 1)
+    u_buf.copy_(torch.where(sel, u.to(u_buf.dtype)[:, :, None, :], u_buf))
+    k_buf.copy_(torch.where(sel, k.to(k_buf.dtype)[:, :, None, :], k_buf))
+    if kda:
+        g_buf.copy_(torch.where(sel, g.to(g_buf.dtype)[:, :, None, :], g_buf))
+    else:
+        g_buf.copy_(torch.where(sel[..., 0], g.to(g_buf.dtype)[:, :, None], g_buf))
+
+    # Flush rows write the new checkpoint; advance the cursors.
+    state.copy_(torch.where(flush.view(Bt, 1, 1, 1), s.to(state.dtype), state))
+    cursor.copy_(torch.where(active, ((c + 1) % L).to(cursor.dtype), cursor))
+
+    o = o.to(v.dtype)
+    act3 = active.view(Bt, 1, 1)
+    if out is None:
+        return torch.where(act3, o, torch.zeros((), dtype=o.dtype, device=o.device))
+    out.copy_(torch.where(act3, o.to(out.dtype), out))
+    return out
+
+
+def delta_replay_materialize_reference(
+    state: torch.Tensor,
+    u_buf: torch.Tensor,
+    k_buf: torch.Tensor,
+    g_buf: torch.Tensor,
+    cursor: torch.Tensor,
+) -> torch.Tensor:
+    """Fold the buffered entries into the checkpoint and empty the ring.
+
+    Returns the exact fp32 state (Bt, HV, K, V) after the buffered tokens; also writes it
+    (rounded once) into ``state`` and sets the cursors of rows with entries to 0. Rows with
+    cursor <= 0 (empty or idle) keep their checkpoint and cursor.
+    """
+    Bt, HV = u_buf.shape[0], u_buf.shape[1]
+    n = cursor.clamp(min=0).long()
+    if g_buf.dim() == 4:
+        tail = torch.zeros(Bt, HV, g_buf.shape[3], device=g_buf.device)
+    else:
+        tail = torch.zeros(Bt, HV, device=g_buf.device)
+    s = _decayed_history(state, u_buf, k_buf, g_buf, n, tail)
+    has = (cursor > 0).view(Bt, 1, 1, 1)
+    s = torch.where(has, s, state.float())
+    state.copy_(s.to(state.dtype))
+    cursor.copy_(torch.where(cursor > 0, torch.zeros_like(cursor), cursor))
+    return s
+
+
+def delta_step_decode_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+) -> torch.Tensor:
+    """The ordinary per-step delta-rule recurrence (the baseline), in Hugging Face's order.
+
+    Same argument conventions as ``delta_replay_decode_reference``. ``state`` (Bt, HV, K, V)
+    is read and written in place every step (fp32 arithmetic, rounded to the state dtype).
+    Returns o (Bt, HV, V) in ``v.dtype``.
+    """
+    Bt, Hk, K = k.shape
+    HV = v.shape[1]
+    grp = HV // Hk
+    qf = q.float().repeat_interleave(grp, dim=1)
+    kf = k.float().repeat_interleave(grp, dim=1)
+    if g.dim() == 3:
+        s = state.float() * torch.exp(g.float())[..., None]
+    else:
+        s = state.float() * torch.exp(g.float())[..., None, None]
+    kv = (s * kf[..., None]).sum(dim=-2)
+    u = (v.float() - kv) * beta.float()[..., None]
+    s = s + kf[..., None] * u[..., None, :]
+    o = (s * qf[..., None]).sum(dim=-2)
+    state.copy_(s.to(state.dtype))
+    return o.to(v.dtype)
