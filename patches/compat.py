@@ -1,0 +1,78 @@
+"""The differences between transformers versions, in one place.
+
+* 5.17 / 5.23: mixers take ``cache_params=``; 5.24 renames it ``cache=``; decoder layers of
+  some families pass ``past_key_values=``. ``find_cache`` accepts all three.
+* 5.17 has no ``Cache.get_conv_state``; every 5.x keeps the tensors in
+  ``cache.layers[i].conv_states[0]`` / ``recurrent_states[0]`` and the flag in
+  ``has_previous_state[0]``, which is what these helpers read.
+* Gated DeltaNet: 5.17 expands q/k to the value heads inside the mixer, 5.23+ inside the
+  recurrent function; the ReplaySSM layers do their own expansion, so this only matters
+  to code that calls transformers' functions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+CACHE_KWARGS = ("cache", "cache_params", "past_key_values")
+
+
+def transformers_version() -> tuple[int, int]:
+    import transformers
+
+    major, minor = transformers.__version__.split(".")[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+def find_cache(kwargs: dict[str, Any]):
+    """The transformers cache passed to a mixer, under whichever keyword this version uses."""
+    for key in CACHE_KWARGS:
+        cache = kwargs.get(key)
+        if cache is not None:
+            return cache
+    return None
+
+
+def cache_layer(cache, layer_idx: int):
+    """The per-layer cache object (``LinearAttentionLayer`` or a hybrid layer), or None."""
+    layers = getattr(cache, "layers", None)
+    if layers is None or layer_idx is None or layer_idx >= len(layers):
+        return None
+    layer = layers[layer_idx]
+    if not hasattr(layer, "recurrent_states") or not hasattr(layer, "conv_states"):
+        return None
+    return layer
+
+
+def has_previous_state(layer) -> bool:
+    """Whether the layer's prefill has run (its conv and recurrent states are live)."""
+    flag = getattr(layer, "has_previous_state", False)
+    if isinstance(flag, dict):
+        return bool(flag.get(0, False))
+    if callable(flag):
+        return bool(flag())
+    return bool(flag)
+
+
+def is_recording_past(layer) -> bool:
+    return bool(getattr(layer, "record_past", False))
+
+
+def conv_state(layer) -> torch.Tensor:
+    return layer.conv_states[0]
+
+
+def recurrent_state(layer) -> torch.Tensor | None:
+    return layer.recurrent_states.get(0) if isinstance(layer.recurrent_states, dict) else layer.recurrent_states[0]
+
+
+def set_recurrent_state(layer, tensor: torch.Tensor) -> None:
+    """Replace the recurrent-state tensor (used when the checkpoint changes dtype)."""
+    layer.recurrent_states[0] = tensor
+    if not torch.compiler.is_compiling():
+        try:
+            torch._dynamo.mark_static_address(tensor)
+        except Exception:  # pragma: no cover - best effort, as transformers does
+            pass

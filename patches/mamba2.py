@@ -1,0 +1,84 @@
+"""ReplaySSM for the Mamba-2 mixers: Mamba2, NemotronH, Bamba, FalconH1, Zamba2, GraniteMoeHybrid.
+
+Decode step (mirrors transformers' own, except for the SSM):
+in_proj -> split (z | xBC | dt) -> conv step on the cache's conv state (transformers'
+own ``causal_conv1d_update``) -> split (x | B | C) -> ``mamba2_replay_decode`` (checkpoint
+in the cache's recurrent state + ring of (x, dt, B)) -> gated RMSNorm (the module's own
+``norm``; FalconH1 without it gates with z inside the kernel) -> out_proj.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from replayssm.kernels.mamba2 import mamba2_replay_decode, mamba2_replay_materialize
+
+from . import compat
+from .base import ReplayMixin, apply_padding_mask, conv_step
+from .cache_state import ReplayBuffers
+
+
+class ReplayMamba2Mixer(ReplayMixin):
+    """Replay decode for every Mamba-2-type mixer (mixed in before the original class)."""
+
+    replay_kind = "mamba2"
+
+    def _replay_buffer_specs(self, batch, act_dtype):
+        L = self.replay_options.buffer_len
+        H, P, G, N = self.num_heads, self.head_dim, self.n_groups, self.ssm_state_size
+        return {
+            "x_buf": ((batch, H, L, P), act_dtype),
+            "dt_buf": ((batch, H, L), torch.float32),
+            "B_buf": ((batch, G, L, N), act_dtype),
+        }
+
+    def _replay_materialize(self, state, buffers: ReplayBuffers):
+        t = buffers.tensors
+        A = -torch.exp(self.A_log.float())
+        return mamba2_replay_materialize(state, t["x_buf"], t["dt_buf"], t["B_buf"], buffers.cursor, A)
+
+    def _replay_step(self, hidden_states, layer, buffers: ReplayBuffers, attention_mask):
+        batch = hidden_states.shape[0]
+        dtype = hidden_states.dtype
+        is_falcon_h1 = hasattr(self, "mup_vector") or hasattr(self, "ssm_in_multiplier")
+
+        h = apply_padding_mask(hidden_states, attention_mask)
+        if is_falcon_h1:
+            h = h * self.ssm_in_multiplier
+        projected = self.in_proj(h)
+        if is_falcon_h1:
+            projected = projected * self.mup_vector
+        gate, xBC, dt = projected.split([self.intermediate_size, self.conv_dim, self.num_heads], dim=-1)
+
+        conv_state = compat.conv_state(layer)
+        stock_conv = self._stock_function("causal_conv1d_update")
+        if stock_conv is not None:
+            xBC = stock_conv(xBC.transpose(1, 2), conv_state, self.conv1d.weight.squeeze(1), self.conv1d.bias,
+                             activation=self.activation).transpose(1, 2)
+        else:
+            xBC = conv_step(conv_state, xBC[:, 0], self.conv1d.weight.squeeze(1), self.conv1d.bias,
+                            self.activation)[:, None]
+        xBC = apply_padding_mask(xBC, attention_mask)
+        GN = self.n_groups * self.ssm_state_size
+        x, Bm, Cm = torch.split(xBC, [self.intermediate_size, GN, GN], dim=-1)
+
+        z = None
+        if is_falcon_h1 and not getattr(self, "mamba_rms_norm", True):
+            z = gate.reshape(batch, self.num_heads, self.head_dim)
+        t = buffers.tensors
+        y = mamba2_replay_decode(
+            x.reshape(batch, self.num_heads, self.head_dim),
+            dt.reshape(batch, self.num_heads),
+            Bm.reshape(batch, self.n_groups, self.ssm_state_size),
+            Cm.reshape(batch, self.n_groups, self.ssm_state_size),
+            compat.recurrent_state(layer),
+            t["x_buf"], t["dt_buf"], t["B_buf"], buffers.cursor,
+            -torch.exp(self.A_log.float()),
+            self.dt_bias, self.D, z,
+            True,
+            backend=self.replay_options.backend,
+        )
+        y = y.reshape(batch, 1, self.num_heads * self.head_dim)
+        if not is_falcon_h1 or getattr(self, "mamba_rms_norm", True):
+            y = self.norm(y, gate)
+        return self.out_proj(y.to(dtype))

@@ -1,0 +1,132 @@
+"""``patch`` / ``unpatch``: rewrite a model's SSM layers into ReplaySSM layers, reversibly."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from replayssm.patches.options import LayerReplayOptions
+from replayssm.patches.registry import KIND_LABELS, MIXER_KINDS, replay_class_for, restore_class
+from replayssm.patches.base import OPTIONS_ATTR
+
+from .config import CONFIG_KEY, ReplaySSMConfig
+from .discovery import SSMLayerInfo, find_ssm_layers
+from .errors import ConfigError, NoSSMLayersError, UnsupportedLayerError
+
+REPORT_ATTR = "_replayssm_report"
+_UNSET = object()
+
+
+def _supported_families() -> str:
+    kinds: dict[str, list[str]] = {}
+    for cls, kind in MIXER_KINDS.items():
+        kinds.setdefault(KIND_LABELS[kind], []).append(cls)
+    return "; ".join(f"{k}: {', '.join(v)}" for k, v in kinds.items())
+
+
+def _top_config(model):
+    return getattr(model, "config", None)
+
+
+def recorded_config(model) -> ReplaySSMConfig | None:
+    """The configuration recorded in ``model.config`` (e.g. loaded from config.json), if any."""
+    cfg = _top_config(model)
+    block = getattr(cfg, CONFIG_KEY, None) if cfg is not None else None
+    if block is None:
+        return None
+    return ReplaySSMConfig.from_block(block)
+
+
+def patch(
+    model: torch.nn.Module,
+    *,
+    buffer_len: int | object = _UNSET,
+    state_dtype=_UNSET,
+    layers: str | Iterable[str] | None | object = _UNSET,
+    strict: bool | object = _UNSET,
+    backend: str | object = _UNSET,
+    config: ReplaySSMConfig | None = None,
+) -> torch.nn.Module:
+    """Rewrite the model's SSM layers in place into ReplaySSM layers; return the same model.
+
+    Arguments not given come from ``config``, else from a ``replayssm`` block already in
+    ``model.config`` (a converted checkpoint), else the defaults (buffer_len=16, the
+    cache's fp32 checkpoint, every SSM layer, strict, backend "auto"). Idempotent: patching
+    a patched model only updates its options. The configuration is recorded on
+    ``model.config`` so that ``save_pretrained`` keeps it.
+
+    Raises NoSSMLayersError if the model has no SSM layer, UnsupportedLayerError for a
+    selected layer this version cannot rewrite (with ``strict=False`` it is skipped and
+    listed in ``replayssm_report(model)``), ConfigError for invalid options.
+    """
+    base = config or recorded_config(model) or ReplaySSMConfig()
+    overrides = {k: v for k, v in dict(buffer_len=buffer_len, state_dtype=state_dtype, layers=layers,
+                                        strict=strict, backend=backend).items() if v is not _UNSET}
+    if config is not None and overrides:
+        raise ConfigError(f"pass either config= or keyword options, not both (got config and {sorted(overrides)})")
+    params = base.as_dict()
+    params.update(overrides)
+    params["schema_version"] = ReplaySSMConfig().schema_version
+    cfg = ReplaySSMConfig(**params)
+
+    records = find_ssm_layers(model)
+    if not records:
+        raise NoSSMLayersError(
+            f"{type(model).__name__} has no SSM layer; supported families — {_supported_families()}",
+            hint="check the model id, or run `replayssm inspect MODEL` to see what was found",
+        )
+    selected = [r for r in records if cfg.selects(r.name)]
+    if cfg.layers is not None and not selected:
+        names = ", ".join(r.name for r in records[:6]) + (", ..." if len(records) > 6 else "")
+        raise ConfigError(f"layers={list(cfg.layers)!r} matches none of the SSM layers ({names})")
+    blocked = [r for r in selected if not r.can_rewrite]
+    if blocked and cfg.strict:
+        first = blocked[0]
+        more = f" (and {len(blocked) - 1} more)" if len(blocked) > 1 else ""
+        raise UnsupportedLayerError(
+            f"cannot rewrite {first.name} ({first.class_name}): {first.reason}{more}",
+            hint="pass strict=False (--no-strict) to skip such layers, or layers= to choose others",
+        )
+
+    options = LayerReplayOptions(buffer_len=cfg.buffer_len, state_dtype=cfg.torch_state_dtype, backend=cfg.backend)
+    rewritten: list[SSMLayerInfo] = []
+    for record in selected:
+        if not record.can_rewrite:
+            continue
+        module = model.get_submodule(record.name)
+        module.__class__ = replay_class_for(module)
+        setattr(module, OPTIONS_ATTR, options)
+        rewritten.append(record)
+    # layers patched earlier but not selected now keep their rewrite (idempotent, additive)
+    top = _top_config(model)
+    block_layers = [{"name": r.name, "kind": r.kind} for r in rewritten]
+    if top is not None:
+        setattr(top, CONFIG_KEY, cfg.to_block(block_layers))
+    setattr(model, REPORT_ATTR, {"config": cfg, "rewritten": rewritten, "skipped": blocked,
+                                 "unselected": [r for r in records if r not in selected]})
+    return model
+
+
+def unpatch(model: torch.nn.Module) -> torch.nn.Module:
+    """Restore every rewritten layer's original class and drop the recorded configuration."""
+    for _, module in model.named_modules():
+        if hasattr(module, OPTIONS_ATTR) or getattr(type(module), "_replayssm_original_class", None):
+            restore_class(module)
+            if OPTIONS_ATTR in module.__dict__:
+                delattr(module, OPTIONS_ATTR)
+    top = _top_config(model)
+    if top is not None and hasattr(top, CONFIG_KEY):
+        delattr(top, CONFIG_KEY)
+    if REPORT_ATTR in model.__dict__:
+        delattr(model, REPORT_ATTR)
+    return model
+
+
+def is_patched(model: torch.nn.Module) -> bool:
+    return any(getattr(type(m), "_replayssm_original_class", None) is not None for m in model.modules())
+
+
+def replayssm_report(model: torch.nn.Module) -> dict:
+    """What the last ``patch`` did: config, rewritten / skipped / unselected layer records."""
+    return getattr(model, REPORT_ATTR, {})

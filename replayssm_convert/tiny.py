@@ -1,0 +1,267 @@
+"""Built-in tiny checkpoints: ``tiny:<model_type>`` model specs.
+
+``materialize_tiny("tiny:nemotron_h")`` writes (once, deterministically, offline) a real
+Hugging Face checkpoint directory — ``config.json``, ``generation_config.json`` and
+``model.safetensors`` — of a small random model of that family, and returns its path.
+The recurrences get slow decays (real memory over tens of tokens) so that a wrong
+flush shows up in the outputs, and the output head gets a wide logit spread so that
+greedy decoding is not decided by rounding noise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .errors import ModelSpecError
+
+TINY_PREFIX = "tiny:"
+TINY_FORMAT_VERSION = 1
+VOCAB = 512
+HIDDEN = 64
+_COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+               tie_word_embeddings=False)
+_LIN3FULL = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
+
+
+def _cfg(cls_name: str, **kwargs) -> Any:
+    import transformers
+
+    cls = getattr(transformers, cls_name, None)
+    if cls is None:
+        raise ModelSpecError(
+            f"the installed transformers {transformers.__version__} has no {cls_name}",
+            hint="upgrade transformers, or pick another tiny: family (replayssm inspect --help lists them)",
+        )
+    return cls(**_COMMON, **kwargs)
+
+
+def _mamba2():
+    return _cfg("Mamba2Config", num_hidden_layers=2, num_heads=8, head_dim=16, state_size=16, n_groups=2,
+                expand=2, chunk_size=16, conv_kernel=4)
+
+
+def _nemotron_h():
+    return _cfg("NemotronHConfig", layers_block_type=["linear_attention", "full_attention", "linear_attention", "mlp"],
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128, ssm_state_size=16,
+                mamba_num_heads=8, mamba_head_dim=16, n_groups=2, chunk_size=16, n_routed_experts=4,
+                num_experts_per_tok=2, moe_intermediate_size=32, moe_shared_expert_intermediate_size=32)
+
+
+def _bamba():
+    return _cfg("BambaConfig", intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2, attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2,
+                mamba_d_state=16, mamba_chunk_size=16)
+
+
+def _falcon_h1():
+    return _cfg("FalconH1Config", intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, mamba_d_ssm=128, mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2,
+                mamba_d_state=16, mamba_chunk_size=16, ssm_out_multiplier=50.0)
+
+
+def _zamba2():
+    return _cfg("Zamba2Config", intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=4, mamba_d_state=16, n_mamba_heads=8, mamba_ngroups=2, chunk_size=16,
+                use_mamba_kernels=False, hybrid_layer_ids=[1, 3],
+                layers_block_type=["linear_attention", "hybrid", "linear_attention", "hybrid"])
+
+
+def _granitemoehybrid():
+    return _cfg("GraniteMoeHybridConfig", intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=64,
+                layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+                mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_chunk_size=16)
+
+
+_GDN = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16)
+_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+_ATT = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+
+
+def _qwen3_next():
+    return _cfg("Qwen3NextConfig", intermediate_size=128, num_hidden_layers=4, **_ATT, **_GDN, **_MOE,
+                layer_types=_LIN3FULL)
+
+
+def _qwen3_5():
+    return _cfg("Qwen3_5TextConfig", intermediate_size=128, num_hidden_layers=4, **_ATT, **_GDN,
+                layer_types=_LIN3FULL)
+
+
+def _qwen3_5_moe():
+    return _cfg("Qwen3_5MoeTextConfig", num_hidden_layers=4, **_ATT, **_GDN, **_MOE, layer_types=_LIN3FULL)
+
+
+def _qwen4_exp():
+    return _cfg("Qwen4ExpTextConfig", num_hidden_layers=4, **_ATT, **_GDN, **_MOE, layer_types=_LIN3FULL,
+                indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=16,
+                indexer_compress_ratio=4)
+
+
+def _olmo_hybrid():
+    return _cfg("OlmoHybridConfig", intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=4, linear_num_key_heads=4, linear_num_value_heads=4, linear_key_head_dim=16,
+                linear_value_head_dim=32, layer_types=_LIN3FULL)
+
+
+_MLA = dict(kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, linear_num_heads=4,
+            linear_head_dim=16, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=4,
+            intermediate_size=128, moe_intermediate_size=32, layer_types=_LIN3FULL,
+            mlp_layer_types=["dense", "sparse", "sparse", "sparse"])
+
+
+def _kimi_linear():
+    return _cfg("KimiLinearConfig", **_MLA, num_experts=4, num_experts_per_token=2, num_shared_experts=1)
+
+
+def _bailing_hybrid():
+    return _cfg("BailingHybridConfig", **_MLA, num_experts=4, num_experts_per_token=2, num_shared_experts=1,
+                num_expert_group=1, topk_group=1, first_k_dense_replace=1, num_nextn_predict_layers=0)
+
+
+def _mamba():
+    return _cfg("MambaConfig", state_size=8, num_hidden_layers=2, expand=2, time_step_rank=8, intermediate_size=128)
+
+
+def _falcon_mamba():
+    return _cfg("FalconMambaConfig", state_size=8, num_hidden_layers=2, expand=2, time_step_rank=8,
+                intermediate_size=128)
+
+
+def _jamba():
+    return _cfg("JambaConfig", intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, expert_layer_period=2,
+                expert_layer_offset=1, attn_layer_period=2, attn_layer_offset=1, mamba_d_state=8, mamba_dt_rank=8,
+                use_mamba_kernels=False)
+
+
+def _zamba():
+    return _cfg("ZambaConfig", intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=4, attention_hidden_size=128, attention_head_dim=32, n_mamba_heads=2,
+                mamba_d_state=8, mamba_dt_rank=8, use_mamba_kernels=False,
+                layers_block_type=["linear_attention", "hybrid", "linear_attention", "hybrid"])
+
+
+#: model_type -> config builder. Order: Mamba-2 families, delta-rule families, Mamba-1 families.
+TINY_FAMILIES: dict[str, Callable[[], Any]] = {
+    "mamba2": _mamba2,
+    "nemotron_h": _nemotron_h,
+    "bamba": _bamba,
+    "falcon_h1": _falcon_h1,
+    "zamba2": _zamba2,
+    "granitemoehybrid": _granitemoehybrid,
+    "qwen3_next": _qwen3_next,
+    "qwen3_5": _qwen3_5,
+    "qwen3_5_moe": _qwen3_5_moe,
+    "qwen4_exp": _qwen4_exp,
+    "olmo_hybrid": _olmo_hybrid,
+    "kimi_linear": _kimi_linear,
+    "bailing_hybrid": _bailing_hybrid,
+    "mamba": _mamba,
+    "falcon_mamba": _falcon_mamba,
+    "jamba": _jamba,
+    "zamba": _zamba,
+}
+
+
+def is_tiny_spec(spec: str) -> bool:
+    return isinstance(spec, str) and spec.startswith(TINY_PREFIX)
+
+
+def tiny_family(spec: str) -> str:
+    """``"tiny:bamba"`` -> ``"bamba"``; raises ModelSpecError for unknown families."""
+    name = spec[len(TINY_PREFIX):] if is_tiny_spec(spec) else spec
+    if name not in TINY_FAMILIES:
+        raise ModelSpecError(
+            f"unknown tiny model {spec!r}; expected tiny:<model_type> with one of: {', '.join(TINY_FAMILIES)}",
+        )
+    return name
+
+
+def tiny_config(spec: str):
+    """The transformers config object of a tiny family (no weights)."""
+    return TINY_FAMILIES[tiny_family(spec)]()
+
+
+def _slow_decays(model: torch.nn.Module) -> None:
+    """Give every recurrence slow decays (memory of tens of tokens) and widen the logits."""
+    gen = torch.Generator().manual_seed(1234)
+    with torch.no_grad():
+        for name, mod in model.named_modules():
+            a_log = getattr(mod, "A_log", None)
+            if isinstance(a_log, torch.nn.Parameter):
+                # A = -exp(A_log) in [-0.3, -0.02] (Mamba-2 / GDN / KDA): exp(A * dt) close to 1
+                u = torch.rand(a_log.shape, generator=gen) * (math.log(0.3) - math.log(0.02)) + math.log(0.02)
+                a_log.copy_(u.to(a_log.dtype))
+            dt_bias = getattr(mod, "dt_bias", None)
+            if isinstance(dt_bias, torch.nn.Parameter):
+                # softplus(dt_bias) in about [0.05, 0.5]
+                dt = torch.rand(dt_bias.shape, generator=gen) * 0.45 + 0.05
+                dt_bias.copy_((dt + torch.log(-torch.expm1(-dt))).to(dt_bias.dtype))
+            if a_log is not None and hasattr(mod, "D") and hasattr(mod, "in_proj"):
+                # Mamba-2 mixers: make the state term, not the D skip, carry the output
+                mod.D.mul_(0.1)
+                mod.in_proj.weight.mul_(3.0)
+                mod.out_proj.weight.mul_(4.0)
+        out = model.get_output_embeddings()
+        if out is not None and getattr(out, "weight", None) is not None:
+            out.weight.mul_(8.0)
+
+
+def build_tiny_model(spec: str, dtype: torch.dtype = torch.float32):
+    """Build the tiny model in memory (deterministic: seed 0)."""
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config(spec)
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        _slow_decays(model)
+    finally:
+        torch.random.set_rng_state(state)
+    return model.to(dtype).eval()
+
+
+def tiny_cache_root() -> Path:
+    root = os.environ.get("REPLAYSSM_CACHE")
+    if root:
+        return Path(root) / "tiny"
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "replayssm" / "tiny"
+
+
+def materialize_tiny(spec: str, root: Path | None = None) -> Path:
+    """Write the tiny checkpoint directory once and return its path (atomic: tmp dir + rename)."""
+    import transformers
+
+    family = tiny_family(spec)
+    root = Path(root) if root is not None else tiny_cache_root()
+    target = root / f"{family}-v{TINY_FORMAT_VERSION}-tf{transformers.__version__}"
+    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    model = build_tiny_model(spec)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{family}-", dir=root))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        info = {"spec": f"{TINY_PREFIX}{family}", "format_version": TINY_FORMAT_VERSION,
+                "transformers": transformers.__version__}
+        (tmp / "replayssm_tiny.json").write_text(json.dumps(info, indent=2) + "\n")
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            # another process won the race; keep theirs
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
