@@ -1,0 +1,127 @@
+"""Delta-rule Triton kernels against the PyTorch references on tiny fp32 shapes.
+
+Without CUDA, tests/conftest.py sets TRITON_INTERPRET=1 and the kernels run through the
+Triton interpreter on CPU tensors (the same kernel source as on the GPU).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from replayssm.kernels.delta import (  # noqa: E402
+    delta_replay_decode,
+    delta_replay_decode_reference,
+    delta_step_decode,
+    delta_step_decode_reference,
+)
+from replayssm.kernels.delta.triton_decode import delta_replay_decode_triton  # noqa: E402
+from replayssm.kernels.delta.triton_step import delta_step_decode_triton  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = dict(atol=1e-5, rtol=1e-5)
+
+
+def _l2n(t):
+    return t / torch.sqrt((t * t).sum(-1, keepdim=True) + 1e-6)
+
+
+def _token(gen, Bt, Hk, HV, K, V, kda, packed=False):
+    """(q, k, v, g, beta); with ``packed`` q, k, v are strided views of one qkv tensor."""
+    q = _l2n(torch.randn(Bt, Hk, K, generator=gen)) * K ** -0.5
+    k = _l2n(torch.randn(Bt, Hk, K, generator=gen))
+    v = torch.randn(Bt, HV, V, generator=gen)
+    g = -torch.exp(torch.randn(*((Bt, HV, K) if kda else (Bt, HV)), generator=gen) - 1.5)
+    beta = torch.sigmoid(torch.randn(Bt, HV, generator=gen))
+    if packed:
+        qkv = torch.cat([q.reshape(Bt, -1), k.reshape(Bt, -1), v.reshape(Bt, -1)], dim=1).to(DEV)
+        q = qkv[:, : Hk * K].view(Bt, Hk, K)
+        k = qkv[:, Hk * K: 2 * Hk * K].view(Bt, Hk, K)
+        v = qkv[:, 2 * Hk * K:].view(Bt, HV, V)
+        return q, k, v, g.to(DEV), beta.to(DEV)
+    return tuple(t.to(DEV) for t in (q, k, v, g, beta))
+
+
+def _setup(gen, Bt, Hk, HV, K, V, L, kda, c0):
+    """Checkpoint plus rings holding c0[b] valid random entries per row (NaN elsewhere)."""
+    state = torch.randn(Bt, HV, K, V, generator=gen)
+    u_buf = torch.full((Bt, HV, L, V), float("nan"))
+    k_buf = torch.full((Bt, Hk, L, K), float("nan"))
+    g_buf = torch.full((Bt, HV, L, K) if kda else (Bt, HV, L), float("nan"))
+    for b, c in enumerate(c0):
+        for j in range(max(c, 0)):
+            u_buf[b, :, j] = torch.randn(HV, V, generator=gen)
+            k_buf[b, :, j] = _l2n(torch.randn(Hk, K, generator=gen))
+            g_buf[b, :, j] = -torch.rand(g_buf[b, :, j].shape, generator=gen) * 0.3
+    cursor = torch.tensor(c0, dtype=torch.int32)
+    return [t.to(DEV) for t in (state, u_buf, k_buf, g_buf, cursor)]
+
+
+def _same(a, b):
+    torch.testing.assert_close(a, b, equal_nan=True, **TOL)
+
+
+CASES = [
+    # (name, Hk, HV, K, V, L, kda, kwargs)
+    ("gdn-gva-L4", 2, 4, 20, 24, 4, False, {}),
+    ("gdn-gva-L4-route1-2vblocks", 2, 4, 20, 24, 4, False, dict(route=1, block_v=16)),
+    ("gdn-L3-ktiles", 1, 2, 40, 24, 3, False, dict(block_k=16)),
+    ("gdn-L1", 2, 4, 20, 24, 1, False, {}),
+    ("kda-L4", 2, 2, 20, 24, 4, True, {}),
+    ("kda-L4-route1", 2, 2, 20, 24, 4, True, dict(route=1)),
+    ("kda-L3-ktiles", 2, 2, 40, 24, 3, True, dict(block_k=16)),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_replay_kernel_matches_reference(case):
+    _, Hk, HV, K, V, L, kda, kw = case
+    gen = torch.Generator().manual_seed(7)
+    Bt = 4
+    c0 = [0, min(2, L - 1), -1, L - 1]  # desynchronised, one idle row, one flushing at once
+    ker = _setup(gen, Bt, Hk, HV, K, V, L, kda, c0)
+    ref = [t.clone() for t in ker]
+    out_k = torch.full((Bt, HV, V), 3.0, device=DEV)
+    out_r = out_k.clone()
+    for step in range(2 * L + 1):
+        x = _token(gen, Bt, Hk, HV, K, V, kda, packed=(step % 2 == 1))
+        o_k = delta_replay_decode_triton(*x, *ker, out_k, **kw)
+        o_r = delta_replay_decode_reference(*x, *ref, out_r)
+        assert o_k is out_k
+        _same(o_k, o_r)
+        for a, b in zip(ker, ref):
+            if a.dtype == torch.int32:
+                assert torch.equal(a, b)
+            else:
+                _same(a, b)
+    assert torch.all(out_k[2] == 3.0)  # the idle row's output was never written
+
+
+def test_replay_kernel_out_none_zeroes_idle_rows():
+    gen = torch.Generator().manual_seed(8)
+    Bt, Hk, HV, K, V, L = 2, 1, 2, 16, 16, 2
+    ker = _setup(gen, Bt, Hk, HV, K, V, L, False, [1, -1])
+    ref = [t.clone() for t in ker]
+    x = _token(gen, Bt, Hk, HV, K, V, False)
+    o_k = delta_replay_decode(*x, *ker, backend="triton")
+    o_r = delta_replay_decode(*x, *ref, backend="torch")
+    _same(o_k, o_r)
+    assert torch.equal(o_k[1], torch.zeros_like(o_k[1]))
+
+
+@pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
+def test_step_kernel_matches_reference(kda):
+    gen = torch.Generator().manual_seed(9)
+    Bt, Hk, HV, K, V = 3, 2, 4 if not kda else 2, 20, 24
+    state = torch.randn(Bt, HV, K, V, generator=gen).to(DEV)
+    ref = state.clone()
+    for step in range(3):
+        x = _token(gen, Bt, Hk, HV, K, V, kda, packed=(step == 1))
+        o_k = delta_step_decode_triton(*x, state)
+        o_r = delta_step_decode_reference(*x, ref)
+        _same(o_k, o_r)
+        _same(state, ref)
+    o = delta_step_decode(*x, state, backend="triton")
+    assert o.shape == (Bt, HV, V)
