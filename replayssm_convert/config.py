@@ -73,7 +73,7 @@ class ReplaySSMConfig:
                 try:
                     re.compile(pattern)
                 except re.error as exc:
-                    raise ConfigError(f"layers: {pattern!r} is not a valid regular expression ({exc})") from None
+                    raise ConfigError(f"layers must be valid regular expressions; got {pattern!r} ({exc})") from None
             object.__setattr__(self, "layers", layers)
         if not isinstance(self.schema_version, int) or self.schema_version < 1:
             raise ConfigError(f"schema_version must be a positive integer; got {self.schema_version!r}")

@@ -1,0 +1,87 @@
+"""find_ssm_layers on every tiny family, on the meta device (no weights)."""
+
+import pytest
+import torch
+import transformers
+
+from replayssm import find_ssm_layers
+from replayssm.tiny import TINY_FAMILIES, tiny_config
+
+MAMBA2 = ["mamba2", "nemotron_h", "bamba", "falcon_h1", "zamba2", "granitemoehybrid"]
+DELTA = {"qwen3_next": "gated_deltanet", "qwen3_5": "gated_deltanet", "qwen3_5_moe": "gated_deltanet",
+         "qwen4_exp": "gated_deltanet", "olmo_hybrid": "gated_deltanet", "kimi_linear": "kda",
+         "bailing_hybrid": "kda"}
+MAMBA1 = ["mamba", "falcon_mamba", "jamba", "zamba"]
+EXPECTED_COUNT = {"mamba2": 2, "nemotron_h": 2, "bamba": 3, "falcon_h1": 2, "zamba2": 4, "granitemoehybrid": 3,
+                  "qwen3_next": 3, "qwen3_5": 3, "qwen3_5_moe": 3, "qwen4_exp": 3, "olmo_hybrid": 3,
+                  "kimi_linear": 3, "bailing_hybrid": 3, "mamba": 2, "falcon_mamba": 2, "jamba": 2, "zamba": 4}
+
+
+def meta_model(family):
+    try:
+        config = tiny_config(f"tiny:{family}")
+    except Exception as exc:  # family missing from this transformers version
+        pytest.skip(f"{family}: {exc}")
+    with torch.device("meta"):
+        return transformers.AutoModelForCausalLM.from_config(config)
+
+
+@pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
+def test_every_family_on_meta_device(family):
+    model = meta_model(family)
+    assert all(p.device.type == "meta" for p in model.parameters())
+    records = find_ssm_layers(model)
+    assert len(records) == EXPECTED_COUNT[family]
+    names = [r.name for r in records]
+    assert len(set(names)) == len(names)
+    for r in records:
+        assert model.get_submodule(r.name) is not None
+        assert r.state_bytes > 0 and all(v > 0 for v in r.shapes.values())
+        assert r.known_class
+        if family in MAMBA2:
+            assert r.kind == "mamba2" and r.can_rewrite, r.reason
+            s = r.shapes
+            assert r.state_bytes == s["num_heads"] * s["head_dim"] * s["state_size"] * 4
+            assert r.buffer_bytes(16) > 0
+        elif family in DELTA:
+            assert r.kind == DELTA[family]
+        else:
+            assert r.kind == "mamba1" and not r.can_rewrite and "not implemented" in r.reason
+
+
+def test_mamba2_shapes():
+    records = find_ssm_layers(meta_model("nemotron_h"))
+    assert [r.name for r in records] == ["model.layers.0.mixer", "model.layers.2.mixer"]
+    assert records[0].shapes == {"num_heads": 8, "head_dim": 16, "state_size": 16, "n_groups": 2}
+    assert records[0].layer_idx == 0 and records[1].layer_idx == 2
+
+
+def test_unknown_class_with_ssm_structure_is_reported():
+    """A remote-code style class (unknown name) with Mamba-2 parameters is found, not rewritten."""
+
+    class CustomSSMMixer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.A_log = torch.nn.Parameter(torch.zeros(4))
+            self.dt_bias = torch.nn.Parameter(torch.zeros(4))
+            self.D = torch.nn.Parameter(torch.ones(4))
+            self.conv1d = torch.nn.Conv1d(8, 8, 4, groups=8)
+            self.in_proj = torch.nn.Linear(8, 8)
+            self.out_proj = torch.nn.Linear(8, 8)
+            self.norm = torch.nn.LayerNorm(8)
+            self.layer_idx = 0
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), CustomSSMMixer())
+    records = find_ssm_layers(model)
+    assert len(records) == 1
+    r = records[0]
+    assert r.name == "1" and r.kind == "mamba2" and not r.known_class and not r.can_rewrite
+    assert "CustomSSMMixer" in r.reason
+
+
+def test_plain_transformer_has_none():
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    assert find_ssm_layers(model) == []
