@@ -1,0 +1,409 @@
+"""Triton kernel of the Mamba-2 ReplaySSM decode step (semantics: ``reference.py``).
+
+One launch per step (default). Each program owns one row ``b``, one group ``g``, a chunk
+of ``HC`` consecutive heads of that group and a block of ``BLOCK_P`` head-dim lanes. It
+reads the row's cursor ``c`` on the device and takes one of two routes:
+
+* **output-only** (``0 <= c < L - 1``): ``B_j . C`` for the ``c`` buffered entries and the
+  current token is computed once per program (so once per group when a program holds the
+  whole group), then for each head ``y = abar (S0 . C) + sum_j w_j (B_j . C) x_j``, where
+  ``S0 . C`` streams the checkpoint over the state dim in ``BLOCK_N`` tiles and never forms
+  the state. The checkpoint is only read.
+* **state-and-output** (flush, ``c == L - 1``): ``S = abar S0 + X^T diag(w) B`` with a
+  ``tl.dot`` over the window (the ``L - 1`` buffered entries plus the current token),
+  stored as the new checkpoint in the state dtype; ``y`` is read from the fp32 ``S``.
+
+Both routes append the current ``(x, dt, B)`` at slot ``c``: ``x`` by every program for its
+own lanes, ``dt`` by the program of lane block 0 of each head, ``B`` by one program per
+(row, group). A program only ever reads slots ``j < c`` and writes slot ``c``, so no load
+can alias a store of the same launch.
+
+The cursor advance needs every program of a row to have read ``c`` first. Each program of
+an active row arrives at a per-row counter (``atomic_add``, acq_rel, after a CTA barrier);
+the last one to arrive writes ``(c + 1) % L`` and resets the counter to zero. The counter
+is a small internal device buffer (zero between launches); the alternative
+``advance="kernel"`` runs a separate tiny launch instead.
+
+``route="split"`` runs the two routes as two launches (flush rows first, then the others;
+each row early-exits from the launch that doesn't apply), so each compiled kernel only
+carries its own route's registers. Neither variant syncs with the host, so a whole step
+can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["mamba2_replay_decode_triton", "launch_mamba2_replay_decode", "replay_config"]
+
+
+@triton.jit
+def _softplus(d):
+    """softplus(d) = log1p(exp(d)) with identity above 20 (torch's threshold), accurate for small values."""
+    u = tl.exp(-tl.abs(d))
+    v = 1.0 + u
+    # log1p(u) via log(v) * u / (v - 1): exact to a few ulp even when u << 1.
+    lp = tl.where(v == 1.0, u, tl.log(v) * (u / tl.where(v == 1.0, 1.0, v - 1.0)))
+    sp = tl.maximum(d, 0.0) + lp
+    return tl.where(d > 20.0, d, sp)
+
+
+@triton.jit
+def _mamba2_replay_kernel(
+    x_ptr, dt_ptr, B_ptr, C_ptr, state_ptr, xbuf_ptr, dtbuf_ptr, Bbuf_ptr, cursor_ptr, A_ptr,
+    dtbias_ptr, D_ptr, z_ptr, out_ptr, cnt_ptr,
+    P, N, L, G, HPG, HC, n_hc, n_pb,
+    sx_b, sx_h, sx_p,
+    sdt_b, sdt_h,
+    sB_b, sB_g, sB_n,
+    sC_b, sC_g, sC_n,
+    ss_b, ss_h, ss_p, ss_n,
+    sxb_b, sxb_h, sxb_l, sxb_p,
+    sdb_b, sdb_h, sdb_l,
+    sBb_b, sBb_g, sBb_l, sBb_n,
+    s_cur, sA, sdtb, sD,
+    sz_b, sz_h, sz_p,
+    so_b, so_h, so_p,
+    HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+    ZERO_IDLE: tl.constexpr, ROUTE: tl.constexpr, ADVANCE: tl.constexpr, DOT_LOWP: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NF: tl.constexpr, BLOCK_L: tl.constexpr,
+):
+    # ROUTE 0: both routes (runtime branch per row); 1: output-only route only (flush rows
+    # skip their work but still arrive for the cursor advance); 2: flush route only.
+    pid = tl.program_id(0)
+    pb = pid % n_pb
+    t = pid // n_pb
+    hc = t % n_hc
+    t = t // n_hc
+    g = t % G
+    b = (t // G).to(tl.int64)
+
+    c = tl.load(cursor_ptr + b * s_cur)
+    offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
+    mask_p = offs_p < P
+    h0 = g * HPG + hc * HC
+    nh = tl.minimum(HC, HPG - hc * HC)
+
+    if c < 0:
+        # idle row: nothing read or written (except zeros into a freshly allocated out)
+        if ZERO_IDLE:
+            for i in range(0, nh):
+                h = h0 + i
+                tl.store(out_ptr + b * so_b + h * so_h + offs_p * so_p,
+                         tl.zeros([BLOCK_P], dtype=out_ptr.dtype.element_ty), mask=mask_p)
+        return
+
+    is_flush = c == L - 1
+    if ROUTE == 2:
+        if c != L - 1:
+            return
+
+    do_work = True
+    if ROUTE == 1:
+        do_work = c != L - 1
+
+    if do_work:
+        offs_l = tl.arange(0, BLOCK_L)
+        valid_l = offs_l < c  # buffered entries of this row
+        cur_l = offs_l == c  # the current token's slot
+        offs_n = tl.arange(0, BLOCK_N)
+        xb_row = xbuf_ptr + b * sxb_b
+        Bb_row = Bbuf_ptr + b * sBb_b + g * sBb_g
+        B_row = B_ptr + b * sB_b + g * sB_g
+        C_row = C_ptr + b * sC_b + g * sC_g
+
+        # Append the current B (one program per row and group).
+        if (hc == 0) & (pb == 0):
+            for n0 in range(0, N, BLOCK_N):
+                nn = n0 + offs_n
+                mn = nn < N
+                bcur = tl.load(B_row + nn * sB_n, mask=mn, other=0.0)
+                tl.store(Bb_row + c * sBb_l + nn * sBb_n, bcur.to(Bbuf_ptr.dtype.element_ty), mask=mn)
+
+        if ROUTE == 0:
+            run_flush = is_flush
+        elif ROUTE == 2:
+            run_flush = True
+        else:
+            run_flush = False
+
+        if run_flush:
+            # ---------------- state-and-output route (flush) ----------------
+            offs_nf = tl.arange(0, BLOCK_NF)
+            for i in range(0, nh):
+                h = h0 + i
+                a_h = tl.load(A_ptr + h * sA).to(tl.float32)
+                d = tl.load(dt_ptr + b * sdt_b + h * sdt_h).to(tl.float32)
+                if HAS_DT_BIAS:
+                    d += tl.load(dtbias_ptr + h * sdtb).to(tl.float32)
+                if DT_SOFTPLUS:
+                    d = _softplus(d)
+                dtw = tl.load(dtbuf_ptr + b * sdb_b + h * sdb_h + offs_l * sdb_l, mask=valid_l, other=0.0)
+                dtw = tl.where(cur_l, d, dtw.to(tl.float32))
+                pcum = tl.cumsum(dtw, 0)
+                p_c = tl.sum(tl.where(cur_l, pcum, 0.0), 0)
+                w = dtw * tl.exp(tl.minimum(a_h * (p_c - pcum), 0.0))
+                abar = tl.exp(tl.minimum(a_h * p_c, 0.0))
+
+                xc = tl.load(x_ptr + b * sx_b + h * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
+                xcb = xc.to(xbuf_ptr.dtype.element_ty)
+                xh = xb_row + h * sxb_h
+                xT = tl.load(xh + offs_l[None, :] * sxb_l + offs_p[:, None] * sxb_p,
+                             mask=valid_l[None, :] & mask_p[:, None], other=0.0)
+                xT = tl.where(cur_l[None, :], xcb[:, None], xT)  # (BLOCK_P, BLOCK_L), buffer dtype
+                if not DOT_LOWP:
+                    xT32 = xT.to(tl.float32)
+                s_h = state_ptr + b * ss_b + h * ss_h
+                acc = tl.zeros([BLOCK_P], dtype=tl.float32)
+                for n0 in range(0, N, BLOCK_NF):
+                    nn = n0 + offs_nf
+                    mn = nn < N
+                    bw = tl.load(Bb_row + offs_l[:, None] * sBb_l + nn[None, :] * sBb_n,
+                                 mask=valid_l[:, None] & mn[None, :], other=0.0)
+                    bcur = tl.load(B_row + nn * sB_n, mask=mn, other=0.0).to(Bbuf_ptr.dtype.element_ty)
+                    bw = tl.where(cur_l[:, None], bcur[None, :], bw).to(tl.float32)
+                    wb = w[:, None] * bw  # (BLOCK_L, BLOCK_NF)
+                    sp = s_h + offs_p[:, None] * ss_p + nn[None, :] * ss_n
+                    m2 = mask_p[:, None] & mn[None, :]
+                    s0 = tl.load(sp, mask=m2, other=0.0).to(tl.float32)
+                    if DOT_LOWP:
+                        upd = tl.dot(xT, wb.to(xbuf_ptr.dtype.element_ty), out_dtype=tl.float32)
+                    else:
+                        upd = tl.dot(xT32, wb, input_precision=DOT_PREC, out_dtype=tl.float32)
+                    s_new = abar * s0 + upd
+                    tl.store(sp, s_new.to(state_ptr.dtype.element_ty), mask=m2)
+                    cv = tl.load(C_row + nn * sC_n, mask=mn, other=0.0).to(tl.float32)
+                    acc += tl.sum(s_new * cv[None, :], 1)
+                y = acc
+                if HAS_D:
+                    y += tl.load(D_ptr + h * sD).to(tl.float32) * xc.to(tl.float32)
+                if HAS_Z:
+                    zv = tl.load(z_ptr + b * sz_b + h * sz_h + offs_p * sz_p, mask=mask_p, other=0.0).to(tl.float32)
+                    y = y * (zv * tl.sigmoid(zv))
+                tl.store(out_ptr + b * so_b + h * so_h + offs_p * so_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
+                tl.store(xh + c * sxb_l + offs_p * sxb_p, xcb, mask=mask_p)
+                if pb == 0:
+                    tl.store(dtbuf_ptr + b * sdb_b + h * sdb_h + c * sdb_l, d.to(dtbuf_ptr.dtype.element_ty))
+        else:
+            # ---------------- output-only route ----------------
+            # bc_j = B_j . C for the buffered entries and the current token (slot c), once.
+            bc = tl.zeros([BLOCK_L], dtype=tl.float32)
+            for n0 in range(0, N, BLOCK_N):
+                nn = n0 + offs_n
+                mn = nn < N
+                cv = tl.load(C_row + nn * sC_n, mask=mn, other=0.0).to(tl.float32)
+                bw = tl.load(Bb_row + offs_l[:, None] * sBb_l + nn[None, :] * sBb_n,
+                             mask=valid_l[:, None] & mn[None, :], other=0.0)
+                bcur = tl.load(B_row + nn * sB_n, mask=mn, other=0.0).to(Bbuf_ptr.dtype.element_ty)
+                bw = tl.where(cur_l[:, None], bcur[None, :], bw).to(tl.float32)
+                bc += tl.sum(bw * cv[None, :], 1)
+
+            for i in range(0, nh):
+                h = h0 + i
+                s_h = state_ptr + b * ss_b + h * ss_h
+                # S0 . C, streamed over the state dim
+                acc = tl.zeros([BLOCK_P], dtype=tl.float32)
+                for n0 in range(0, N, BLOCK_N):
+                    nn = n0 + offs_n
+                    mn = nn < N
+                    s0 = tl.load(s_h + offs_p[:, None] * ss_p + nn[None, :] * ss_n,
+                                 mask=mask_p[:, None] & mn[None, :], other=0.0).to(tl.float32)
+                    cv = tl.load(C_row + nn * sC_n, mask=mn, other=0.0).to(tl.float32)
+                    acc += tl.sum(s0 * cv[None, :], 1)
+
+                a_h = tl.load(A_ptr + h * sA).to(tl.float32)
+                d = tl.load(dt_ptr + b * sdt_b + h * sdt_h).to(tl.float32)
+                if HAS_DT_BIAS:
+                    d += tl.load(dtbias_ptr + h * sdtb).to(tl.float32)
+                if DT_SOFTPLUS:
+                    d = _softplus(d)
+                dtw = tl.load(dtbuf_ptr + b * sdb_b + h * sdb_h + offs_l * sdb_l, mask=valid_l, other=0.0)
+                dtw = tl.where(cur_l, d, dtw.to(tl.float32))
+                pcum = tl.cumsum(dtw, 0)
+                p_c = tl.sum(tl.where(cur_l, pcum, 0.0), 0)
+                w = dtw * tl.exp(tl.minimum(a_h * (p_c - pcum), 0.0))
+                abar = tl.exp(tl.minimum(a_h * p_c, 0.0))
+
+                xc = tl.load(x_ptr + b * sx_b + h * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
+                xcb = xc.to(xbuf_ptr.dtype.element_ty)
+                xh = xb_row + h * sxb_h
+                xw = tl.load(xh + offs_l[:, None] * sxb_l + offs_p[None, :] * sxb_p,
+                             mask=valid_l[:, None] & mask_p[None, :], other=0.0)
+                xw = tl.where(cur_l[:, None], xcb[None, :], xw).to(tl.float32)  # (BLOCK_L, BLOCK_P)
+                y = abar * acc + tl.sum((w * bc)[:, None] * xw, 0)
+                if HAS_D:
+                    y += tl.load(D_ptr + h * sD).to(tl.float32) * xc.to(tl.float32)
+                if HAS_Z:
+                    zv = tl.load(z_ptr + b * sz_b + h * sz_h + offs_p * sz_p, mask=mask_p, other=0.0).to(tl.float32)
+                    y = y * (zv * tl.sigmoid(zv))
+                tl.store(out_ptr + b * so_b + h * so_h + offs_p * so_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
+                tl.store(xh + c * sxb_l + offs_p * sxb_p, xcb, mask=mask_p)
+                if pb == 0:
+                    tl.store(dtbuf_ptr + b * sdb_b + h * sdb_h + c * sdb_l, d.to(dtbuf_ptr.dtype.element_ty))
+
+    if ADVANCE:
+        # Last program of this row to arrive advances the cursor. The barrier makes every
+        # thread's read of the cursor precede the (release) arrival.
+        tl.debug_barrier()
+        old = tl.atomic_add(cnt_ptr + b, 1, sem="acq_rel")
+        if old == G * n_hc * n_pb - 1:
+            tl.store(cursor_ptr + b * s_cur, ((c + 1) % L).to(cursor_ptr.dtype.element_ty))
+            tl.store(cnt_ptr + b, 0)
+
+
+@triton.jit
+def _advance_cursor_kernel(cursor_ptr, n, s_cur, L, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    c = tl.load(cursor_ptr + offs * s_cur, mask=m, other=-1)
+    tl.store(cursor_ptr + offs * s_cur, ((c + 1) % L).to(cursor_ptr.dtype.element_ty), mask=m & (c >= 0))
+
+
+# ----------------------------------------------------------------------------- host side
+
+_COUNTERS: dict = {}
+_COUNTER_KEEP: list = []  # never freed: a captured CUDA graph may still point at an old one
+
+
+def _arrival_counter(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 per-row arrival counters on ``device`` (left at zero by every launch).
+
+    Shared by all calls on the device; calls on concurrent streams must not overlap.
+    """
+    key = (device.type, device.index)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        size = max(4096, triton.next_power_of_2(n))
+        buf = torch.zeros(size, dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+        _COUNTER_KEEP.append(buf)
+    return buf
+
+
+@functools.lru_cache(maxsize=16)
+def _num_sms(device_type: str, index) -> int:
+    if device_type == "cuda":
+        return torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()).multi_processor_count
+    return 132
+
+
+def _pow2(v: int) -> int:
+    return triton.next_power_of_2(max(1, int(v)))
+
+
+@functools.lru_cache(maxsize=1024)
+def replay_config(Bt: int, H: int, P: int, N: int, G: int, L: int, state_bytes: int, act_bytes: int,
+                  n_sm: int, interpret: bool = False) -> dict:
+    """Block sizes and program split for one call (pure function of shapes, no device work)."""
+    HPG = H // G
+    BLOCK_N = min(_pow2(N), 256)
+    if N > 256:
+        BLOCK_N = 128
+    BLOCK_N = max(BLOCK_N, 16)
+    tile = 4096  # fp32 elements of the checkpoint tile held per head and lane block
+    BLOCK_P = max(16, min(_pow2(P), tile // BLOCK_N))
+    # Small batches: smaller lane blocks for more programs.
+    while BLOCK_P > 16 and Bt * H * triton.cdiv(P, BLOCK_P) < 4 * n_sm:
+        BLOCK_P //= 2
+    n_pb = triton.cdiv(P, BLOCK_P)
+    # Heads per program: as many of the group as keeps >= ~8 programs per SM in flight.
+    base = Bt * G * n_pb
+    target = 8 * n_sm
+    HC = max(1, min(HPG, (base * HPG) // target))
+    n_hc = triton.cdiv(HPG, HC)
+    HC = triton.cdiv(HPG, n_hc)
+    BLOCK_L = max(16, _pow2(L))
+    BLOCK_NF = min(BLOCK_N, 64 if state_bytes == 4 else 64)
+    num_warps = 4
+    return dict(BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N, BLOCK_NF=BLOCK_NF, BLOCK_L=BLOCK_L, HC=HC, n_hc=n_hc,
+                n_pb=n_pb, num_warps=num_warps, num_stages=1)
+
+
+def _interpreting() -> bool:
+    from ..backend import triton_interpreter_on
+
+    return triton_interpreter_on()
+
+
+def _check(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, out):
+    Bt, H, P = x.shape
+    if state.shape[:3] != (Bt, H, P) or state.dim() != 4:
+        raise ValueError(f"state must be (B, H, P, N) = ({Bt}, {H}, {P}, N); got {tuple(state.shape)}")
+    N = state.shape[3]
+    G = B.shape[1]
+    if H % G != 0:
+        raise ValueError(f"H={H} must be a multiple of G={G}")
+    L = x_buf.shape[2]
+    if x_buf.shape != (Bt, H, L, P) or dt_buf.shape != (Bt, H, L) or B_buf.shape != (Bt, G, L, N):
+        raise ValueError("x_buf/dt_buf/B_buf must be (B,H,L,P)/(B,H,L)/(B,G,L,N)")
+    if B.shape != (Bt, G, N) or C.shape != (Bt, G, N) or dt.shape != (Bt, H) or cursor.shape != (Bt,):
+        raise ValueError("B, C must be (B,G,N); dt (B,H); cursor (B,)")
+    if out is not None and out.shape != (Bt, H, P):
+        raise ValueError("out must be (B, H, P)")
+    return Bt, H, P, N, G, L
+
+
+def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, dt_softplus,
+                                out, zero_idle, route: str = "auto", advance: str = "atomic", config=None):
+    """Launch the kernel(s); writes ``out`` and the in-place tensors. No host sync."""
+    Bt, H, P, N, G, L = _check(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, out)
+    if Bt == 0:
+        return
+    interp = _interpreting()
+    n_sm = _num_sms(x.device.type, x.device.index)
+    cfg = dict(config) if config is not None else replay_config(
+        Bt, H, P, N, G, L, state.element_size(), x_buf.element_size(), n_sm, interp)
+    if route == "auto":
+        route = cfg.get("route", "fused")
+    lowp = state.element_size() == 2 and x_buf.element_size() == 2 and x_buf.dtype == B_buf.dtype
+    prec = "ieee" if interp else "tf32x3"
+    HPG = H // G
+    grid = (Bt * G * cfg["n_hc"] * cfg["n_pb"],)
+    cnt = _arrival_counter(x.device, Bt) if advance == "atomic" else cursor
+    dummy = x
+    common = (
+        x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A,
+        dt_bias if dt_bias is not None else dummy, D if D is not None else dummy,
+        z if z is not None else dummy, out, cnt,
+        P, N, L, G, HPG, cfg["HC"], cfg["n_hc"], cfg["n_pb"],
+        *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *state.stride(),
+        *x_buf.stride(), *dt_buf.stride(), *B_buf.stride(),
+        cursor.stride(0), A.stride(0),
+        dt_bias.stride(0) if dt_bias is not None else 0, D.stride(0) if D is not None else 0,
+        *(z.stride() if z is not None else (0, 0, 0)), *out.stride(),
+    )
+    meta = dict(HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None, HAS_Z=z is not None,
+                DT_SOFTPLUS=bool(dt_softplus), DOT_LOWP=lowp, DOT_PREC=prec,
+                BLOCK_P=cfg["BLOCK_P"], BLOCK_N=cfg["BLOCK_N"], BLOCK_NF=cfg["BLOCK_NF"], BLOCK_L=cfg["BLOCK_L"],
+                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    adv = advance == "atomic"
+    if route == "split":
+        _mamba2_replay_kernel[grid](*common, ZERO_IDLE=False, ROUTE=2, ADVANCE=False, **meta)
+        _mamba2_replay_kernel[grid](*common, ZERO_IDLE=bool(zero_idle), ROUTE=1, ADVANCE=adv, **meta)
+    else:
+        _mamba2_replay_kernel[grid](*common, ZERO_IDLE=bool(zero_idle), ROUTE=0, ADVANCE=adv, **meta)
+    if not adv:
+        BLK = 256
+        _advance_cursor_kernel[(triton.cdiv(Bt, BLK),)](cursor, Bt, cursor.stride(0), L, BLOCK=BLK)
+
+
+def mamba2_replay_decode_triton(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None,
+                                dt_softplus=True, out=None):
+    """Triton ReplaySSM decode step; same signature and semantics as ``mamba2_replay_decode_reference``.
+
+    Goes through the custom operator ``torch.ops.replayssm.mamba2_replay_decode`` so that
+    ``torch.compile(fullgraph=True)`` sees one opaque, mutating op.
+    """
+    from .ops import replay_decode_op
+
+    zero_idle = out is None
+    if out is None:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    replay_decode_op(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, bool(dt_softplus), out,
+                     zero_idle)
+    return out

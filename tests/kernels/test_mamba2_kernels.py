@@ -1,0 +1,168 @@
+"""Mamba-2 Triton decode kernels vs the PyTorch reference and the exact fp32 recurrence.
+
+On a machine without CUDA these run the Triton kernels through the interpreter
+(``TRITON_INTERPRET=1``, set by ``tests/conftest.py``): tiny fp32 shapes only. The GPU
+suite (many shapes, 16-bit dtypes, CUDA graphs, torch.compile) is
+``test_mamba2_kernels_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from mamba2_helpers import FP32_TOL, Problem, check_replay_trajectory, check_step_kernel
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _replay():
+    from replayssm.kernels.mamba2.triton_decode import mamba2_replay_decode_triton
+
+    return mamba2_replay_decode_triton
+
+
+def _step():
+    from replayssm.kernels.mamba2.triton_step import mamba2_step_decode_triton
+
+    return mamba2_step_decode_triton
+
+
+# (Bt, H, P, N, G, L, cursors, z/D/dt_bias, strided)
+CASES = [
+    pytest.param(3, 4, 16, 16, 2, 4, [0, 0, -1], True, False, id="sync-idle-z"),
+    pytest.param(4, 4, 16, 16, 2, 4, [0, 2, 3, -1], True, False, id="desync-z"),
+    pytest.param(3, 2, 10, 12, 1, 3, [1, -1, 0], False, True, id="nonpow2-strided-noz"),
+    pytest.param(2, 2, 16, 16, 2, 1, [0, -1], True, False, id="L1-every-step-flushes"),
+]
+
+
+@pytest.mark.parametrize("Bt,H,P,N,G,L,cursors,opt,strided", CASES)
+def test_replay_fp32_trajectory(Bt, H, P, N, G, L, cursors, opt, strided):
+    prob = Problem(Bt, H, P, N, G, L, torch.float32, torch.float32, DEV, cursors, seed=Bt * 100 + L,
+                   has_z=opt, has_D=opt, has_bias=opt, strided=strided)
+    worst = check_replay_trajectory(_replay(), prob, steps=2 * L + 1)
+    assert worst["flushes"] >= 2
+    # fp32 with tf32x3 (ieee under the interpreter) sits far inside the tolerance
+    assert worst["y_exact"] < 1e-4 and worst["state_exact"] < 1e-4, worst
+
+
+def test_replay_out_none_zeroes_idle_rows():
+    prob = Problem(3, 2, 16, 16, 1, 2, torch.float32, torch.float32, DEV, [1, -1, 0], seed=5)
+    check_replay_trajectory(_replay(), prob, steps=3, use_out=False)
+
+
+def test_replay_split_and_kernel_advance_variants():
+    """The two-launch route and the separate cursor-advance launch give the same results."""
+    from replayssm.kernels.mamba2.triton_decode import launch_mamba2_replay_decode
+
+    def variant(route, advance):
+        def fn(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None, sp=True, out=None):
+            launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, sp, out,
+                                        False, route=route, advance=advance)
+            return out
+
+        return fn
+
+    for route, advance in (("split", "atomic"), ("fused", "kernel")):
+        prob = Problem(3, 2, 16, 16, 2, 3, torch.float32, torch.float32, DEV, [2, 0, -1], seed=11)
+        check_replay_trajectory(variant(route, advance), prob, steps=4)
+
+
+def test_tolerance_catches_tf32_sized_drift():
+    """A 1e-2 relative error (plain tf32 drift) must fail the fp32 tolerance used above."""
+    torch.manual_seed(0)
+    y = torch.randn(4, 8, 16)
+    rtol, atol = FP32_TOL
+    assert_close(y * (1 + 1e-5), y, rtol=rtol, atol=atol)  # tf32x3-sized error passes
+    with pytest.raises(AssertionError):
+        assert_close(y * (1 + 1e-2), y, rtol=rtol, atol=atol)
+    with pytest.raises(AssertionError):
+        assert_close(y + 1e-2 * y.abs().mean(), y, rtol=rtol, atol=atol)
+
+
+def test_trajectory_check_has_teeth():
+    """A kernel whose output is off by 1e-2 at one step, or that reads a stale buffer slot, fails."""
+    ok = _replay()
+    calls = {"n": 0}
+
+    def off_by_1e2(*args):
+        y = ok(*args)
+        calls["n"] += 1
+        if calls["n"] == 3:
+            y.mul_(1 + 1e-2)
+        return y
+
+    prob = Problem(2, 2, 16, 16, 1, 2, torch.float32, torch.float32, DEV, [0, 1], seed=3, has_z=False)
+    with pytest.raises(AssertionError):
+        check_replay_trajectory(off_by_1e2, prob, steps=4)
+
+    def drops_append(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, sp, out):
+        saved = x_buf.clone()
+        y = ok(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, sp, out)
+        x_buf.copy_(saved)  # forgets the x append
+        return y
+
+    prob = Problem(2, 2, 16, 16, 1, 2, torch.float32, torch.float32, DEV, [0, 1], seed=4, has_z=False)
+    with pytest.raises(AssertionError):
+        check_replay_trajectory(drops_append, prob, steps=3)
+
+
+@pytest.mark.parametrize("strided", [False, True])
+def test_step_kernel_fp32(strided):
+    prob = Problem(2, 4, 10, 12, 2, 2, torch.float32, torch.float32, DEV, [0, 0], seed=7, strided=strided)
+    worst = check_step_kernel(_step(), prob, steps=2)
+    assert worst < 1e-4
+
+
+def test_dispatch_backend_triton():
+    """``mamba2_replay_decode(backend='triton')`` routes to the kernel (interpreter on CPU)."""
+    from replayssm.kernels.mamba2 import mamba2_replay_decode, mamba2_step_decode
+
+    prob = Problem(2, 2, 16, 16, 1, 2, torch.float32, torch.float32, DEV, [0, 1], seed=9)
+    check_replay_trajectory(lambda *a: mamba2_replay_decode(*a, backend="triton"), prob, steps=2)
+    check_step_kernel(lambda *a: mamba2_step_decode(*a, backend="triton"), prob, steps=1)
+
+
+def test_custom_ops_registered_and_traceable():
+    """Both ops exist with the declared mutations, and a call traces without graph breaks."""
+    import replayssm.kernels.mamba2.ops  # noqa: F401
+    from replayssm.kernels.mamba2.triton_decode import mamba2_replay_decode_triton
+
+    schema = str(torch.ops.replayssm.mamba2_replay_decode.default._schema)
+    for name in ("state", "x_buf", "dt_buf", "B_buf", "cursor", "out"):
+        assert f"!) {name}," in schema, schema
+    step_schema = str(torch.ops.replayssm.mamba2_step_decode.default._schema)
+    assert "!) state," in step_schema and "!) out" in step_schema, step_schema
+
+    prob = Problem(2, 2, 16, 16, 1, 2, torch.float32, torch.float32, DEV, [0, 1], seed=13, has_z=False)
+    ker = prob.clone()
+    ref = prob.clone()
+    x, dt, B, C, z = prob.inputs()
+
+    def f(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor):
+        return mamba2_replay_decode_triton(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, prob.A, prob.dt_bias,
+                                           prob.D) * 2.0
+
+    torch._dynamo.reset()
+    cf = torch.compile(f, fullgraph=True, backend="aot_eager")
+    y = cf(x, dt, B, C, *ker.mutable())
+    y_ref = f(x, dt, B, C, *ref.mutable())
+    assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(ker.cursor, ref.cursor)
+    assert torch.equal(ker.x_buf.nan_to_num(0), ref.x_buf.nan_to_num(0))
+
+
+def test_opcheck_both_ops():
+    """``torch.library.opcheck``: schema (declared mutations), fake tensors, AOT dispatch."""
+    import replayssm.kernels.mamba2.ops  # noqa: F401
+
+    prob = Problem(2, 2, 16, 16, 1, 2, torch.float32, torch.float32, DEV, [0, 1], seed=17)
+    x, dt, B, C, z = prob.inputs()
+    out = torch.zeros(2, 2, 16, device=DEV)
+    args = (x, dt, B, C, *prob.clone().mutable(), prob.A, prob.dt_bias, prob.D, z, True, out, False)
+    torch.library.opcheck(torch.ops.replayssm.mamba2_replay_decode.default, args)
+    s = prob.clone().state
+    torch.library.opcheck(torch.ops.replayssm.mamba2_step_decode.default,
+                          (x, dt, B, C, s, prob.A, prob.dt_bias, prob.D, z, True, torch.zeros_like(out)))
