@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..backend import resolve_backend
+from . import ops as _ops
 from .reference import (
     delta_replay_decode_reference,
     delta_replay_materialize_reference,
@@ -44,9 +45,7 @@ def delta_replay_decode(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, ou
                         backend: str = "auto") -> torch.Tensor:
     """One ReplaySSM decode step; see ``delta_replay_decode_reference`` for shapes."""
     if _compiling():
-        from . import ops
-
-        return ops.replay_decode_via_op(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, backend)
+        return _ops.replay_decode_via_op(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, backend)
     if resolve_backend(backend, v.device) == "triton":
         from .triton_decode import delta_replay_decode_triton
 
@@ -57,9 +56,7 @@ def delta_replay_decode(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, ou
 def delta_step_decode(q, k, v, g, beta, state, *, backend: str = "auto") -> torch.Tensor:
     """The ordinary per-step recurrence (baseline); see ``delta_step_decode_reference``."""
     if _compiling():
-        from . import ops
-
-        return ops.step_decode_via_op(q, k, v, g, beta, state, backend)
+        return _ops.step_decode_via_op(q, k, v, g, beta, state, backend)
     if resolve_backend(backend, v.device) == "triton":
         from .triton_step import delta_step_decode_triton
 

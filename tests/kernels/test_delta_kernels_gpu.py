@@ -1,0 +1,239 @@
+"""Delta-rule Triton kernels on the GPU: production shapes, precisions, CUDA graphs, compile.
+
+Run with ``bash scripts/gpu_check.sh`` (or ``pytest -m gpu``) on a CUDA machine.
+Tolerances (rtol, atol) follow the upstream ReplaySSM GDN tests: fp32 output 1e-4/1e-4 and
+checkpoint 1e-3/2e-3; any bf16/fp16 in play 1e-2/2e-2 for both.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+from replayssm.kernels.delta import (  # noqa: E402
+    delta_replay_decode,
+    delta_replay_decode_reference,
+    delta_replay_materialize,
+    delta_step_decode,
+    delta_step_decode_reference,
+)
+
+DEV = "cuda"
+F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+
+SHAPES = {  # name: (Hk, HV, K, V, kda)
+    "qwen35-4b": (16, 32, 128, 128, False),
+    "qwen35-122b": (16, 64, 128, 128, False),
+    "kimi-kda": (32, 32, 128, 128, True),
+    "odd-gdn": (3, 6, 80, 72, False),
+    "odd-kda": (4, 4, 72, 48, True),
+}
+# (checkpoint dtype, activation dtype = ring dtype for u and k)
+DTYPES = [(F32, F32), (F32, BF16), (BF16, F32), (BF16, BF16), (F16, F32), (F16, BF16), (F16, F16)]
+
+
+def _tol(state_dtype, act_dtype):
+    if state_dtype == F32 and act_dtype == F32:
+        return dict(rtol=1e-4, atol=1e-4), dict(rtol=1e-3, atol=2e-3)
+    return dict(rtol=1e-2, atol=2e-2), dict(rtol=1e-2, atol=2e-2)
+
+
+def _l2n(t):
+    return t / torch.sqrt((t * t).sum(-1, keepdim=True) + 1e-6)
+
+
+def _token(gen, Bt, Hk, HV, K, V, kda, act, packed=False):
+    q = _l2n(torch.randn(Bt, Hk, K, generator=gen, device=DEV)) * K ** -0.5
+    k = _l2n(torch.randn(Bt, Hk, K, generator=gen, device=DEV))
+    v = torch.randn(Bt, HV, V, generator=gen, device=DEV)
+    g = -torch.exp(torch.randn(*((Bt, HV, K) if kda else (Bt, HV)), generator=gen, device=DEV) - 2.0)
+    beta = torch.sigmoid(torch.randn(Bt, HV, generator=gen, device=DEV))
+    if packed:  # q, k, v as strided views of one projection output, as a layer hands them over
+        qkv = torch.cat([q.reshape(Bt, -1), k.reshape(Bt, -1), v.reshape(Bt, -1)], dim=1).to(act)
+        q = qkv[:, : Hk * K].view(Bt, Hk, K)
+        k = qkv[:, Hk * K: 2 * Hk * K].view(Bt, Hk, K)
+        v = qkv[:, 2 * Hk * K:].view(Bt, HV, V)
+        return q, k, v, g, beta
+    return q.to(act), k.to(act), v.to(act), g, beta
+
+
+def _setup(gen, Bt, Hk, HV, K, V, L, kda, state_dtype, act, c0):
+    """Checkpoint + rings with c0[b] valid entries per row; unused slots poisoned with NaN."""
+    state = (torch.randn(Bt, HV, K, V, generator=gen, device=DEV) * 0.5).to(state_dtype)
+    u_buf = torch.full((Bt, HV, L, V), float("nan"), device=DEV, dtype=act)
+    k_buf = torch.full((Bt, Hk, L, K), float("nan"), device=DEV, dtype=act)
+    g_buf = torch.full((Bt, HV, L, K) if kda else (Bt, HV, L), float("nan"), device=DEV)
+    for b, c in enumerate(c0):
+        for j in range(max(c, 0)):
+            u_buf[b, :, j] = torch.randn(HV, V, generator=gen, device=DEV).to(act)
+            k_buf[b, :, j] = _l2n(torch.randn(Hk, K, generator=gen, device=DEV)).to(act)
+            g_buf[b, :, j] = -torch.rand(g_buf[b, :, j].shape, generator=gen, device=DEV) * 0.2
+    cursor = torch.tensor(c0, dtype=torch.int32, device=DEV)
+    return [state, u_buf, k_buf, g_buf, cursor]
+
+
+def _close(a, b, tol):
+    torch.testing.assert_close(a.float(), b.float(), equal_nan=True, **tol)
+
+
+def _cycle_vs_reference(shape, state_dtype, act, L, route=0, seed=0, steps=None):
+    Hk, HV, K, V, kda = SHAPES[shape]
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    Bt = 4
+    c0 = [0, min(5, L - 1), L - 1, -1]
+    ker = _setup(gen, Bt, Hk, HV, K, V, L, kda, state_dtype, act, c0)
+    ref = [t.clone() for t in ker]
+    tol_o, tol_s = _tol(state_dtype, act)
+    from replayssm.kernels.delta.triton_decode import delta_replay_decode_triton
+
+    for step in range(2 * L + 1 if steps is None else steps):
+        x = _token(gen, Bt, Hk, HV, K, V, kda, act, packed=(step % 3 == 2))
+        o_k = delta_replay_decode_triton(*x, *ker, route=route)
+        o_r = delta_replay_decode_reference(*x, *ref)
+        assert o_k.dtype == act
+        _close(o_k, o_r, tol_o)
+        _close(ker[0], ref[0], tol_s)  # checkpoint
+        _close(ker[1], ref[1], tol_o)  # u ring
+        assert torch.equal(ker[2].nan_to_num(), ref[2].nan_to_num())  # k ring: exact copies
+        assert torch.equal(ker[3].nan_to_num(), ref[3].nan_to_num())  # g ring: exact copies
+        assert torch.equal(ker[4], ref[4])  # cursors
+    assert torch.equal(o_k[3], torch.zeros_like(o_k[3]))  # idle row
+
+
+@pytest.mark.parametrize("dtypes", DTYPES, ids=[f"s{str(s)[6:]}-a{str(a)[6:]}" for s, a in DTYPES])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_replay_matches_reference_L8(shape, dtypes):
+    _cycle_vs_reference(shape, *dtypes, L=8)
+
+
+@pytest.mark.parametrize("L", [4, 16])
+@pytest.mark.parametrize("dtypes", [(F32, F32), (F32, BF16)], ids=["s32-a32", "s32-abf16"])
+@pytest.mark.parametrize("shape", ["qwen35-4b", "kimi-kda"])
+def test_replay_matches_reference_L(shape, dtypes, L):
+    _cycle_vs_reference(shape, *dtypes, L=L)
+
+
+@pytest.mark.parametrize("dtypes", [(F32, F32), (BF16, BF16)], ids=["s32-a32", "sbf16-abf16"])
+@pytest.mark.parametrize("shape", ["qwen35-122b", "kimi-kda", "odd-gdn"])
+def test_replay_output_only_route_matches_reference(shape, dtypes):
+    _cycle_vs_reference(shape, *dtypes, L=16, route=1)
+
+
+@pytest.mark.parametrize("shape", ["qwen35-4b", "kimi-kda"])
+def test_fp32_replay_equals_exact_recurrence(shape):
+    """fp32 everywhere: the replay kernel tracks the ordinary recurrence to ~1e-5."""
+    Hk, HV, K, V, kda = SHAPES[shape]
+    L, Bt = 16, 4
+    gen = torch.Generator(device=DEV).manual_seed(1)
+    ker = _setup(gen, Bt, Hk, HV, K, V, L, kda, F32, F32, [0] * Bt)
+    exact = ker[0].clone()
+    worst_o = worst_s = 0.0
+    for step in range(2 * L + 1):
+        x = _token(gen, Bt, Hk, HV, K, V, kda, F32)
+        o_k = delta_replay_decode(*x, *ker, backend="triton")
+        o_e = delta_step_decode_reference(*x, exact)
+        worst_o = max(worst_o, ((o_k - o_e).norm() / o_e.norm()).item())
+        if step % L == L - 1:
+            worst_s = max(worst_s, ((ker[0] - exact).norm() / exact.norm()).item())
+    s = delta_replay_materialize(*ker)
+    worst_s = max(worst_s, ((s - exact).norm() / exact.norm()).item())
+    assert worst_o < 2e-5 and worst_s < 2e-5, (worst_o, worst_s)
+
+
+def test_perturbation_fails_fp32_tolerance():
+    """The fp32 tolerance has teeth: a 1e-2 change to one cached u must be caught."""
+    Hk, HV, K, V, kda = SHAPES["qwen35-4b"]
+    L, Bt = 8, 2
+    gen = torch.Generator(device=DEV).manual_seed(2)
+    ker = _setup(gen, Bt, Hk, HV, K, V, L, kda, F32, F32, [5, 5])
+    ref = [t.clone() for t in ker]
+    ker[1][0, 3, 2] += 1e-2 * ker[1][0, 3, 2].abs().max()
+    x = _token(gen, Bt, Hk, HV, K, V, kda, F32)
+    o_k = delta_replay_decode(*x, *ker, backend="triton")
+    o_r = delta_replay_decode_reference(*x, *ref)
+    tol_o, _ = _tol(F32, F32)
+    _close(o_k[1], o_r[1], tol_o)
+    with pytest.raises(AssertionError):
+        _close(o_k, o_r, tol_o)
+    with pytest.raises(AssertionError):
+        _close(o_r * (1 + 1e-2), o_r, tol_o)
+
+
+@pytest.mark.parametrize("dtypes", [(F32, F32), (BF16, BF16), (F16, F32)], ids=["s32-a32", "sbf16-abf16", "s16-a32"])
+@pytest.mark.parametrize("shape", ["qwen35-122b", "kimi-kda", "odd-gdn"])
+def test_step_kernel_matches_reference(shape, dtypes):
+    state_dtype, act = dtypes
+    Hk, HV, K, V, kda = SHAPES[shape]
+    Bt = 3
+    gen = torch.Generator(device=DEV).manual_seed(3)
+    state = (torch.randn(Bt, HV, K, V, generator=gen, device=DEV) * 0.5).to(state_dtype)
+    ref = state.clone()
+    tol_o, tol_s = _tol(state_dtype, act)
+    for step in range(4):
+        x = _token(gen, Bt, Hk, HV, K, V, kda, act, packed=(step == 1))
+        _close(delta_step_decode(*x, state, backend="triton"), delta_step_decode_reference(*x, ref), tol_o)
+        _close(state, ref, tol_s)
+
+
+@pytest.mark.parametrize("shape", ["qwen35-4b", "kimi-kda"])
+def test_cuda_graph_replay_equals_eager(shape):
+    """Capture one whole L-step cycle (flushes included) and replay it twice."""
+    Hk, HV, K, V, kda = SHAPES[shape]
+    L, Bt = 4, 4
+    gen = torch.Generator(device=DEV).manual_seed(4)
+    bufs = _setup(gen, Bt, Hk, HV, K, V, L, kda, F32, BF16, [0, 1, 3, -1])
+    eager = [t.clone() for t in bufs]
+    toks = [_token(gen, Bt, Hk, HV, K, V, kda, BF16) for _ in range(L)]
+    outs = [torch.empty(Bt, HV, V, device=DEV, dtype=BF16) for _ in range(L)]
+    st_state = torch.randn(Bt, HV, K, V, device=DEV, generator=gen)
+    st_eager = st_state.clone()
+    # Warm up (compiles) on scratch copies, then capture on the real buffers.
+    scratch = [t.clone() for t in bufs]
+    delta_replay_decode(*toks[0], *scratch, outs[0], backend="triton")
+    delta_step_decode(*toks[0], st_state.clone(), backend="triton")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step_outs = []
+        for i in range(L):
+            delta_replay_decode(*toks[i], *bufs, outs[i], backend="triton")
+            step_outs.append(delta_step_decode(*toks[i], st_state, backend="triton"))
+    for _ in range(2):
+        graph.replay()
+        for i in range(L):
+            o_e = delta_replay_decode(*toks[i], *eager, backend="triton")
+            s_e = delta_step_decode(*toks[i], st_eager, backend="triton")
+            torch.cuda.synchronize()
+            assert torch.equal(outs[i][:3], o_e[:3])
+            assert torch.equal(step_outs[i], s_e)
+        for a, b in zip(bufs, eager):
+            assert torch.equal(a.nan_to_num(), b.nan_to_num())
+        assert torch.equal(st_state, st_eager)
+
+
+@pytest.mark.parametrize("shape", ["qwen35-4b", "kimi-kda"])
+def test_torch_compile_fullgraph(shape):
+    Hk, HV, K, V, kda = SHAPES[shape]
+    L, Bt = 4, 3
+    gen = torch.Generator(device=DEV).manual_seed(5)
+    comp = _setup(gen, Bt, Hk, HV, K, V, L, kda, F32, BF16, [0, 2, -1])
+    eager = [t.clone() for t in comp]
+    st_c = torch.randn(Bt, HV, K, V, device=DEV, generator=gen)
+    st_e = st_c.clone()
+
+    def layer(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, step_state):
+        o = delta_replay_decode(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, backend="triton")
+        o2 = delta_step_decode(q, k, v, g, beta, step_state, backend="triton")
+        return o.float() + 1.0, o2
+
+    compiled = torch.compile(layer, fullgraph=True)
+    for _ in range(2 * L + 1):
+        x = _token(gen, Bt, Hk, HV, K, V, kda, BF16)
+        oc, o2c = compiled(*x, *comp, st_c)
+        oe, o2e = layer(*x, *eager, st_e)
+        assert torch.equal(oc, oe) and torch.equal(o2c, o2e)
+        for a, b in zip(comp, eager):
+            assert torch.equal(a.nan_to_num(), b.nan_to_num())
+        assert torch.equal(st_c, st_e)
