@@ -89,6 +89,12 @@ def patch(
             hint="pass strict=False (--no-strict) to skip such layers, or layers= to choose others",
         )
 
+    if not any(r.can_rewrite for r in selected):
+        first = blocked[0]
+        raise UnsupportedLayerError(
+            f"none of the selected SSM layers can be rewritten; {first.name} ({first.class_name}): {first.reason}",
+            hint="run `replayssm inspect MODEL` to see which layers this version supports",
+        )
     options = LayerReplayOptions(buffer_len=cfg.buffer_len, state_dtype=cfg.torch_state_dtype, backend=cfg.backend)
     rewritten: list[SSMLayerInfo] = []
     for record in selected:

@@ -17,6 +17,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# the tiny models are faster on one thread, and CI has two cores shared with the interpreter
+torch.set_num_threads(1)
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 

@@ -1,0 +1,47 @@
+"""Shared helpers for the generation tests."""
+
+from __future__ import annotations
+
+import torch
+
+from replayssm.tiny import build_tiny_model
+
+MAMBA2_FAMILIES = ["mamba2", "nemotron_h", "bamba", "falcon_h1", "zamba2", "granitemoehybrid"]
+DELTA_FAMILIES = ["qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen4_exp", "olmo_hybrid", "kimi_linear", "bailing_hybrid"]
+
+_MODELS: dict[tuple[str, torch.dtype], torch.nn.Module] = {}
+
+
+def tiny(family: str, dtype: torch.dtype = torch.float32):
+    """A fresh-enough tiny model (cached per family/dtype; tests must unpatch what they patch)."""
+    import pytest
+
+    key = (family, dtype)
+    if key not in _MODELS:
+        try:
+            _MODELS[key] = build_tiny_model(f"tiny:{family}", dtype=dtype)
+        except Exception as exc:
+            pytest.skip(f"tiny:{family} unavailable with this transformers: {exc}")
+    return _MODELS[key]
+
+
+def left_padded_batch(seed: int = 0, batch: int = 3, length: int = 9, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 512, (batch, length), generator=g)
+    mask = torch.ones_like(ids)
+    for row in range(1, batch):
+        mask[row, : min(row * 2, length - 1)] = 0  # row 0 unpadded, later rows padded more
+    ids = ids.masked_fill(mask == 0, 0)
+    return ids.to(device), mask.to(device)
+
+
+def generate(model, ids, mask, **kwargs):
+    kw = dict(attention_mask=mask, do_sample=False, output_logits=True, return_dict_in_generate=True,
+              pad_token_id=0)
+    kw.update(kwargs)
+    return model.generate(ids, **kw)
+
+
+def max_logit_diff(a, b) -> float:
+    return max((x.float() - y.float()).abs().max().item() for x, y in zip(a.logits, b.logits))
+

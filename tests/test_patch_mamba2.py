@@ -1,0 +1,233 @@
+"""ReplaySSM on the Mamba-2 families through transformers' generate() (CPU, PyTorch path)."""
+
+import sys
+
+import pytest
+import torch
+import transformers
+
+import replayssm
+from replayssm import NoSSMLayersError, UnsupportedLayerError, ConfigError
+from replayssm.patches.cache_state import get_buffers
+from replayssm.patches.registry import original_class
+
+from helpers import MAMBA2_FAMILIES, generate, left_padded_batch, max_logit_diff, tiny
+
+NEW = 64
+
+
+@pytest.fixture
+def forbid_stock_decode(monkeypatch):
+    """Make transformers' per-step state update raise while a patched model decodes."""
+
+    def install(model):
+        mixer = model.get_submodule(replayssm.find_ssm_layers(model)[0].name)
+        module = sys.modules[original_class(mixer).__module__]
+
+        def boom(*args, **kwargs):
+            raise AssertionError("the stock per-step state update was called")
+
+        monkeypatch.setattr(module, "mamba2_selective_state_update", boom)
+
+    return install
+
+
+@pytest.mark.parametrize("family", MAMBA2_FAMILIES)
+def test_greedy_matches_stock_across_flushes(family, forbid_stock_decode):
+    model = tiny(family)
+    ids, mask = left_padded_batch(seed=1)
+    ref = generate(model, ids, mask, max_new_tokens=NEW, min_new_tokens=NEW)
+    state_before = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        for L in (1, 3, 16):
+            replayssm.patch(model, buffer_len=L)
+            forbid_stock_decode(model)
+            out = generate(model, ids, mask, max_new_tokens=NEW, min_new_tokens=NEW)
+            assert torch.equal(out.sequences, ref.sequences), f"L={L}"
+            assert max_logit_diff(out, ref) < 1e-4, f"L={L}"
+            state = model.state_dict()
+            assert state.keys() == state_before.keys()
+            assert all(torch.equal(state[k], state_before[k]) for k in state)
+            replayssm.unpatch(model)
+    finally:
+        replayssm.unpatch(model)
+
+
+@pytest.mark.parametrize("family", MAMBA2_FAMILIES)
+def test_beam_search_matches_stock(family):
+    model = tiny(family)
+    ids, mask = left_padded_batch(seed=2, batch=2)
+    kw = dict(max_new_tokens=24, min_new_tokens=24, num_beams=3, num_return_sequences=2, output_logits=False)
+    ref = generate(model, ids, mask, **kw)
+    replayssm.patch(model, buffer_len=4)
+    try:
+        out = generate(model, ids, mask, **kw)
+    finally:
+        replayssm.unpatch(model)
+    assert torch.equal(out.sequences, ref.sequences)
+
+
+def test_sampling_num_return_sequences_and_repeated_calls():
+    model = tiny("nemotron_h")
+    ids, mask = left_padded_batch(seed=3, batch=2)
+    kw = dict(max_new_tokens=40, min_new_tokens=40, do_sample=True, top_k=20, num_return_sequences=3)
+    torch.manual_seed(7)
+    ref = generate(model, ids, mask, **kw)
+    replayssm.patch(model, buffer_len=8)
+    try:
+        outs = []
+        for _ in range(2):  # repeated generate() calls start clean every time
+            torch.manual_seed(7)
+            outs.append(generate(model, ids, mask, **kw))
+    finally:
+        replayssm.unpatch(model)
+    for out in outs:
+        assert torch.equal(out.sequences, ref.sequences)
+        assert max_logit_diff(out, ref) < 1e-4
+
+
+@pytest.mark.parametrize("family", ["mamba2", "bamba"])
+def test_prompt_of_length_one(family):
+    model = tiny(family)
+    ids = torch.tensor([[5], [17]])
+    mask = torch.ones_like(ids)
+    ref = generate(model, ids, mask, max_new_tokens=20, min_new_tokens=20)
+    replayssm.patch(model, buffer_len=3)
+    try:
+        out = generate(model, ids, mask, max_new_tokens=20, min_new_tokens=20)
+    finally:
+        replayssm.unpatch(model)
+    assert torch.equal(out.sequences, ref.sequences)
+    assert max_logit_diff(out, ref) < 1e-4
+
+
+def test_continuing_a_cache_after_decode_folds_the_buffer():
+    """A multi-token forward on a cache with buffered tokens sees the exact state."""
+    model = tiny("nemotron_h")
+    g = torch.Generator().manual_seed(4)
+    prompt, more = torch.randint(3, 512, (2, 6), generator=g), torch.randint(3, 512, (2, 5), generator=g)
+    steps = torch.randint(3, 512, (2, 7), generator=g)
+
+    def run():
+        cache = transformers.DynamicCache(config=model.config)
+        outs = [model(prompt, past_key_values=cache, use_cache=True).logits[:, -1]]
+        for t in range(steps.shape[1]):
+            outs.append(model(steps[:, t:t + 1], past_key_values=cache, use_cache=True).logits[:, -1])
+        outs.append(model(more, past_key_values=cache, use_cache=True).logits[:, -1])  # stock chunk path
+        for t in range(3):
+            outs.append(model(steps[:, t:t + 1], past_key_values=cache, use_cache=True).logits[:, -1])
+        return torch.stack(outs)
+
+    with torch.no_grad():
+        ref = run()
+        replayssm.patch(model, buffer_len=4, state_dtype="fp32")
+        try:
+            out = run()
+        finally:
+            replayssm.unpatch(model)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_buffers_live_with_the_cache_and_beam_reorder_keeps_them_consistent():
+    model = tiny("mamba2")
+    replayssm.patch(model, buffer_len=5)
+    try:
+        cache = transformers.DynamicCache(config=model.config)
+        ids = torch.randint(3, 512, (3, 4))
+        with torch.no_grad():
+            model(ids, cache_params=cache, use_cache=True)
+            for t in range(3):
+                model(ids[:, t:t + 1], cache_params=cache, use_cache=True)
+        layer = cache.layers[0]
+        buffers = get_buffers(layer)
+        assert buffers is not None and buffers.cursor.tolist() == [3, 3, 3]
+        x_before = buffers.tensors["x_buf"].clone()
+        state_before = layer.recurrent_states[0].clone()
+        beam_idx = torch.tensor([2, 0, 0])
+        cache.reorder_cache(beam_idx)
+        assert torch.equal(get_buffers(layer).tensors["x_buf"], x_before[beam_idx])
+        assert torch.equal(layer.recurrent_states[0], state_before[beam_idx])
+        cache.reset()
+        assert get_buffers(layer).cursor.tolist() == [0, 0, 0]
+    finally:
+        replayssm.unpatch(model)
+
+
+@pytest.mark.parametrize("state_dtype", [None, "bf16"])
+def test_bf16_model(state_dtype):
+    model = tiny("bamba", torch.bfloat16)
+    ids, mask = left_padded_batch(seed=5, batch=2)
+    ref = generate(model, ids, mask, max_new_tokens=24, min_new_tokens=24)
+    replayssm.patch(model, buffer_len=8, state_dtype=state_dtype)
+    try:
+        out = generate(model, ids, mask, max_new_tokens=24, min_new_tokens=24)
+    finally:
+        replayssm.unpatch(model)
+    # bf16: compare the logits of the first step after the prompt tightly, the rest loosely
+    assert (out.logits[0].float() - ref.logits[0].float()).abs().max() < 0.1
+    agree = (out.sequences == ref.sequences).float().mean()
+    assert agree > 0.8
+
+
+def test_fp16_model_runs_close():
+    model = tiny("mamba2", torch.float16)
+    ids, mask = left_padded_batch(seed=6, batch=2)
+    ref = generate(model, ids, mask, max_new_tokens=12, min_new_tokens=12)
+    replayssm.patch(model, buffer_len=4, state_dtype="fp16")
+    try:
+        out = generate(model, ids, mask, max_new_tokens=12, min_new_tokens=12)
+    finally:
+        replayssm.unpatch(model)
+    assert torch.isfinite(torch.stack(out.logits)).all()
+    assert (out.logits[0].float() - ref.logits[0].float()).abs().max() < 0.25
+
+
+def test_patch_is_idempotent_and_unpatch_restores_exactly():
+    model = tiny("zamba2")
+    classes = {n: type(m) for n, m in model.named_modules()}
+    attrs = {n: set(m.__dict__) for n, m in model.named_modules()}
+    config_before = model.config.to_dict()
+    assert replayssm.patch(model, buffer_len=4) is model
+    patched = {n: type(m) for n, m in model.named_modules()}
+    replayssm.patch(model, buffer_len=4)
+    assert {n: type(m) for n, m in model.named_modules()} == patched
+    names = [r.name for r in replayssm.find_ssm_layers(model)]
+    assert all(patched[n].__name__ == "Replay" + classes[n].__name__ for n in names)
+    assert all(isinstance(model.get_submodule(n), classes[n]) for n in names)
+    assert model.config.replayssm["buffer_len"] == 4
+    assert [l["name"] for l in model.config.replayssm["layers"]] == names
+    assert replayssm.is_patched(model)
+    replayssm.unpatch(model)
+    assert {n: type(m) for n, m in model.named_modules()} == classes
+    assert {n: set(m.__dict__) for n, m in model.named_modules()} == attrs
+    assert model.config.to_dict() == config_before
+    assert not replayssm.is_patched(model)
+
+
+def test_layer_selection():
+    model = tiny("bamba")
+    try:
+        replayssm.patch(model, layers=[r"model\.layers\.0\..*"])
+        rewritten = [r.name for r in replayssm.find_ssm_layers(model) if r.patched]
+        assert rewritten == ["model.layers.0.mamba"]
+        with pytest.raises(ConfigError, match="matches none"):
+            replayssm.patch(model, layers=["nope"])
+    finally:
+        replayssm.unpatch(model)
+
+
+def test_errors():
+    llama = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2))
+    with pytest.raises(NoSSMLayersError, match="supported families"):
+        replayssm.patch(llama)
+    mamba1 = tiny("mamba")
+    with pytest.raises(UnsupportedLayerError, match="Mamba-1"):
+        replayssm.patch(mamba1)
+    with pytest.raises(UnsupportedLayerError, match="none of the selected"):
+        replayssm.patch(mamba1, strict=False)
+    assert not replayssm.is_patched(mamba1)
+    with pytest.raises(ConfigError, match="buffer_len"):
+        replayssm.patch(tiny("mamba2"), buffer_len=0)
+    assert not replayssm.is_patched(tiny("mamba2"))
