@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["mamba2_replay_decode_triton", "launch_mamba2_replay_decode", "replay_config"]
+__all__ = ["mamba2_replay_decode_triton", "launch_mamba2_replay_decode", "make_replay_config", "replay_config"]
 
 
 @triton.jit
@@ -296,15 +296,37 @@ def _pow2(v: int) -> int:
     return triton.next_power_of_2(max(1, int(v)))
 
 
+def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC: int, BLOCK_N: int | None = None,
+                       BLOCK_NF: int | None = None, num_warps: int = 4, num_stages: int = 1, route: str = "fused",
+                       advance: str = "atomic", flush: dict | None = None) -> dict:
+    """A complete launch configuration from its free knobs (``flush``: knobs of the flush launch of ``route='split'``)."""
+    HPG = H // G
+    if BLOCK_N is None:
+        BLOCK_N = max(16, min(_pow2(N), 256)) if N <= 256 else 128
+    HC = max(1, min(int(HC), HPG))
+    n_hc = triton.cdiv(HPG, HC)
+    HC = triton.cdiv(HPG, n_hc)
+    cfg = dict(BLOCK_P=int(BLOCK_P), BLOCK_N=int(BLOCK_N), BLOCK_NF=int(BLOCK_NF or min(BLOCK_N, 64)),
+               BLOCK_L=max(16, _pow2(L)), HC=HC, n_hc=n_hc, n_pb=triton.cdiv(P, BLOCK_P), num_warps=int(num_warps),
+               num_stages=int(num_stages), route=route, advance=advance)
+    if route == "split":
+        f = dict(BLOCK_P=max(16, cfg["BLOCK_P"]), HC=HC, num_warps=num_warps, num_stages=num_stages,
+                 BLOCK_NF=cfg["BLOCK_NF"])
+        f.update(flush or {})
+        fc = make_replay_config(H, P, N, G, L, f["BLOCK_P"], f["HC"], BLOCK_N, f["BLOCK_NF"], f["num_warps"],
+                                f["num_stages"])
+        cfg["flush"] = {k: fc[k] for k in ("BLOCK_P", "BLOCK_NF", "HC", "n_hc", "n_pb", "num_warps", "num_stages")}
+    elif cfg["BLOCK_P"] < 16:
+        raise ValueError("the flush route's tl.dot needs BLOCK_P >= 16 (use route='split' for smaller lane blocks)")
+    return cfg
+
+
 @functools.lru_cache(maxsize=1024)
 def replay_config(Bt: int, H: int, P: int, N: int, G: int, L: int, state_bytes: int, act_bytes: int,
                   n_sm: int, interpret: bool = False) -> dict:
-    """Block sizes and program split for one call (pure function of shapes, no device work)."""
+    """Default block sizes and program split for one call (pure function of shapes, no device work)."""
     HPG = H // G
-    BLOCK_N = min(_pow2(N), 256)
-    if N > 256:
-        BLOCK_N = 128
-    BLOCK_N = max(BLOCK_N, 16)
+    BLOCK_N = max(16, min(_pow2(N), 256)) if N <= 256 else 128
     tile = 4096  # fp32 elements of the checkpoint tile held per head and lane block
     BLOCK_P = max(16, min(_pow2(P), tile // BLOCK_N))
     # Small batches: smaller lane blocks for more programs.
@@ -312,16 +334,14 @@ def replay_config(Bt: int, H: int, P: int, N: int, G: int, L: int, state_bytes: 
         BLOCK_P //= 2
     n_pb = triton.cdiv(P, BLOCK_P)
     # Heads per program: as many of the group as keeps >= ~8 programs per SM in flight.
-    base = Bt * G * n_pb
-    target = 8 * n_sm
-    HC = max(1, min(HPG, (base * HPG) // target))
-    n_hc = triton.cdiv(HPG, HC)
-    HC = triton.cdiv(HPG, n_hc)
+    HC = max(1, min(HPG, (Bt * G * n_pb * HPG) // (8 * n_sm)))
+    # Flush tile over the state dim: keep the tl.dot's operands and accumulator small so the
+    # runtime-branched kernel needs no more registers than the output-only route.
     BLOCK_L = max(16, _pow2(L))
-    BLOCK_NF = min(BLOCK_N, 64 if state_bytes == 4 else 64)
-    num_warps = 4
-    return dict(BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N, BLOCK_NF=BLOCK_NF, BLOCK_L=BLOCK_L, HC=HC, n_hc=n_hc,
-                n_pb=n_pb, num_warps=num_warps, num_stages=1)
+    lowp = state_bytes == 2 and act_bytes == 2
+    BLOCK_NF = (64 if lowp else 32) * 16 // BLOCK_L
+    BLOCK_NF = max(16, min(BLOCK_N, BLOCK_NF * 32 // BLOCK_P))
+    return make_replay_config(H, P, N, G, L, BLOCK_P, HC, BLOCK_N, BLOCK_NF, num_warps=4, num_stages=1)
 
 
 def _interpreting() -> bool:
@@ -349,7 +369,7 @@ def _check(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, out):
 
 
 def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, dt_softplus,
-                                out, zero_idle, route: str = "auto", advance: str = "atomic", config=None):
+                                out, zero_idle, route: str | None = None, advance: str | None = None, config=None):
     """Launch the kernel(s); writes ``out`` and the in-place tensors. No host sync."""
     Bt, H, P, N, G, L = _check(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, out)
     if Bt == 0:
@@ -358,35 +378,46 @@ def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor
     n_sm = _num_sms(x.device.type, x.device.index)
     cfg = dict(config) if config is not None else replay_config(
         Bt, H, P, N, G, L, state.element_size(), x_buf.element_size(), n_sm, interp)
-    if route == "auto":
-        route = cfg.get("route", "fused")
+    route = route or cfg.get("route", "fused")
+    advance = advance or cfg.get("advance", "atomic")
+    if route == "split" and "flush" not in cfg:
+        cfg = make_replay_config(H, P, N, G, L, cfg["BLOCK_P"], cfg["HC"], cfg["BLOCK_N"], cfg["BLOCK_NF"],
+                                 cfg["num_warps"], cfg["num_stages"], "split", advance)
     lowp = state.element_size() == 2 and x_buf.element_size() == 2 and x_buf.dtype == B_buf.dtype
-    prec = "ieee" if interp else "tf32x3"
+    prec = cfg.get("dot_precision") or ("ieee" if interp else "tf32x3")
     HPG = H // G
-    grid = (Bt * G * cfg["n_hc"] * cfg["n_pb"],)
     cnt = _arrival_counter(x.device, Bt) if advance == "atomic" else cursor
     dummy = x
-    common = (
-        x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A,
-        dt_bias if dt_bias is not None else dummy, D if D is not None else dummy,
-        z if z is not None else dummy, out, cnt,
-        P, N, L, G, HPG, cfg["HC"], cfg["n_hc"], cfg["n_pb"],
-        *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *state.stride(),
-        *x_buf.stride(), *dt_buf.stride(), *B_buf.stride(),
-        cursor.stride(0), A.stride(0),
-        dt_bias.stride(0) if dt_bias is not None else 0, D.stride(0) if D is not None else 0,
-        *(z.stride() if z is not None else (0, 0, 0)), *out.stride(),
-    )
-    meta = dict(HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None, HAS_Z=z is not None,
-                DT_SOFTPLUS=bool(dt_softplus), DOT_LOWP=lowp, DOT_PREC=prec,
-                BLOCK_P=cfg["BLOCK_P"], BLOCK_N=cfg["BLOCK_N"], BLOCK_NF=cfg["BLOCK_NF"], BLOCK_L=cfg["BLOCK_L"],
-                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     adv = advance == "atomic"
+
+    def launch(c, route_id, zero, advance_here):
+        grid = (Bt * G * c["n_hc"] * c["n_pb"],)
+        _mamba2_replay_kernel[grid](
+            x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A,
+            dt_bias if dt_bias is not None else dummy, D if D is not None else dummy,
+            z if z is not None else dummy, out, cnt,
+            P, N, L, G, HPG, c["HC"], c["n_hc"], c["n_pb"],
+            *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *state.stride(),
+            *x_buf.stride(), *dt_buf.stride(), *B_buf.stride(),
+            cursor.stride(0), A.stride(0),
+            dt_bias.stride(0) if dt_bias is not None else 0, D.stride(0) if D is not None else 0,
+            *(z.stride() if z is not None else (0, 0, 0)), *out.stride(),
+            HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None, HAS_Z=z is not None,
+            DT_SOFTPLUS=bool(dt_softplus), ZERO_IDLE=bool(zero), ROUTE=route_id, ADVANCE=advance_here,
+            DOT_LOWP=lowp, DOT_PREC=prec,
+            BLOCK_P=c["BLOCK_P"], BLOCK_N=c["BLOCK_N"], BLOCK_NF=c["BLOCK_NF"], BLOCK_L=c["BLOCK_L"],
+            num_warps=c["num_warps"], num_stages=c["num_stages"],
+        )
+
     if route == "split":
-        _mamba2_replay_kernel[grid](*common, ZERO_IDLE=False, ROUTE=2, ADVANCE=False, **meta)
-        _mamba2_replay_kernel[grid](*common, ZERO_IDLE=bool(zero_idle), ROUTE=1, ADVANCE=adv, **meta)
+        # flush rows first (their own block sizes), then the output-only launch, whose
+        # programs (all rows) do the arrival for the cursor advance
+        fcfg = dict(cfg)
+        fcfg.update(cfg.get("flush", {}))
+        launch(fcfg, 2, False, False)
+        launch(cfg, 1, zero_idle, adv)
     else:
-        _mamba2_replay_kernel[grid](*common, ZERO_IDLE=bool(zero_idle), ROUTE=0, ADVANCE=adv, **meta)
+        launch(cfg, 0, zero_idle, adv)
     if not adv:
         BLK = 256
         _advance_cursor_kernel[(triton.cdiv(Bt, BLK),)](cursor, Bt, cursor.stride(0), L, BLOCK=BLK)

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from .triton_decode import _num_sms, _pow2, _softplus
 
-__all__ = ["mamba2_step_decode_triton", "launch_mamba2_step_decode", "step_config"]
+__all__ = ["mamba2_step_decode_triton", "launch_mamba2_step_decode", "make_step_config", "step_config"]
 
 
 @triton.jit
@@ -80,16 +80,22 @@ def _mamba2_step_kernel(
     tl.store(out_ptr + b * so_b + h * so_h + offs_p * so_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
 
 
+def make_step_config(P: int, N: int, BLOCK_P: int, BLOCK_N: int | None = None, num_warps: int = 4,
+                     num_stages: int = 1) -> dict:
+    if BLOCK_N is None:
+        BLOCK_N = max(16, min(_pow2(N), 256)) if N <= 256 else 128
+    return dict(BLOCK_P=int(BLOCK_P), BLOCK_N=int(BLOCK_N), n_pb=triton.cdiv(P, BLOCK_P), num_warps=int(num_warps),
+                num_stages=int(num_stages))
+
+
 @functools.lru_cache(maxsize=1024)
 def step_config(Bt: int, H: int, P: int, N: int, state_bytes: int, n_sm: int) -> dict:
-    BLOCK_N = max(16, min(_pow2(N), 256))
-    if N > 256:
-        BLOCK_N = 128
+    BLOCK_N = max(16, min(_pow2(N), 256)) if N <= 256 else 128
     tile = 4096
     BLOCK_P = max(4, min(_pow2(P), tile // BLOCK_N))
     while BLOCK_P > 8 and Bt * H * triton.cdiv(P, BLOCK_P) < 4 * n_sm:
         BLOCK_P //= 2
-    return dict(BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N, n_pb=triton.cdiv(P, BLOCK_P), num_warps=4, num_stages=1)
+    return make_step_config(P, N, BLOCK_P, BLOCK_N)
 
 
 def launch_mamba2_step_decode(x, dt, B, C, state, A, dt_bias, D, z, dt_softplus, out, config=None):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
 
 import torch
 from torch.testing import assert_close
@@ -18,6 +20,14 @@ SENTINEL = 7.0
 # kernel vs reference tolerances (rtol, atol) by (state dtype, activation dtype)
 FP32_TOL = (1e-4, 1e-3)
 LOWP_TOL = (6e-2, 2e-1)
+
+
+def record(tag: str, data) -> None:
+    """Append the worst errors of a test to $REPLAYSSM_TEST_LOG (JSON lines), if set."""
+    path = os.environ.get("REPLAYSSM_TEST_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"test": tag, **({"worst": data} if not isinstance(data, dict) else data)}) + "\n")
 
 
 def tol_for(state_dtype, act_dtype):

@@ -57,17 +57,22 @@ def test_replay_split_and_kernel_advance_variants():
     """The two-launch route and the separate cursor-advance launch give the same results."""
     from replayssm.kernels.mamba2.triton_decode import launch_mamba2_replay_decode
 
-    def variant(route, advance):
+    from replayssm.kernels.mamba2.triton_decode import make_replay_config
+
+    def variant(route, advance, cfg=None):
         def fn(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None, sp=True, out=None):
             launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, sp, out,
-                                        False, route=route, advance=advance)
+                                        False, route=route, advance=advance, config=cfg)
             return out
 
         return fn
 
-    for route, advance in (("split", "atomic"), ("fused", "kernel")):
-        prob = Problem(3, 2, 16, 16, 2, 3, torch.float32, torch.float32, DEV, [2, 0, -1], seed=11)
-        check_replay_trajectory(variant(route, advance), prob, steps=4)
+    # (H, P, N, G, L) = (4, 16, 16, 2, 3); split with 4-lane blocks and one head per program in
+    # the output-only launch, 16-lane blocks in the flush launch
+    small = make_replay_config(4, 16, 16, 2, 3, BLOCK_P=4, HC=1, route="split")
+    for route, advance, cfg in (("split", "atomic", None), ("fused", "kernel", None), ("split", "atomic", small)):
+        prob = Problem(3, 4, 16, 16, 2, 3, torch.float32, torch.float32, DEV, [2, 0, -1], seed=11)
+        check_replay_trajectory(variant(route, advance, cfg), prob, steps=4)
 
 
 def test_tolerance_catches_tf32_sized_drift():

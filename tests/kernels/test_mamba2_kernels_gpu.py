@@ -1,0 +1,233 @@
+"""GPU suite of the Mamba-2 Triton decode kernels (run with ``bash scripts/gpu_check.sh``).
+
+Production shapes, every state x activation dtype pair, L in {1, 4, 8, 16, 32}, with and
+without z/D, strided inputs, the per-step kernel, CUDA-graph capture, torch.compile and
+opcheck. Each trajectory runs at least 2L+1 steps with desynchronised cursors and an idle
+row, over NaN-poisoned buffers; see ``mamba2_helpers.check_replay_trajectory``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from mamba2_helpers import Problem, check_replay_trajectory, check_step_kernel, record
+
+pytestmark = pytest.mark.gpu
+
+F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+DTYPES = [F32, BF16, F16]
+
+
+def _replay():
+    from replayssm.kernels.mamba2.triton_decode import mamba2_replay_decode_triton
+
+    return mamba2_replay_decode_triton
+
+
+def _step():
+    from replayssm.kernels.mamba2.triton_step import mamba2_step_decode_triton
+
+    return mamba2_step_decode_triton
+
+
+def _cursors(Bt, L, seed):
+    g = torch.Generator().manual_seed(seed)
+    c = torch.randint(0, L, (Bt,), generator=g)
+    c[0] = 0
+    c[-1] = -1  # one idle row
+    if Bt > 2:
+        c[1] = L - 1  # flushes on the first step
+    return c.tolist()
+
+
+@pytest.mark.parametrize("state_dtype", DTYPES, ids=lambda d: f"s{str(d)[-7:]}")
+@pytest.mark.parametrize("act_dtype", DTYPES, ids=lambda d: f"a{str(d)[-7:]}")
+def test_dtype_pairs(state_dtype, act_dtype):
+    Bt, H, P, N, G, L = 6, 16, 32, 64, 4, 4
+    prob = Problem(Bt, H, P, N, G, L, state_dtype, act_dtype, "cuda", _cursors(Bt, L, 1), seed=2)
+    w = check_replay_trajectory(_replay(), prob, steps=2 * L + 1, check_exact=state_dtype == F32)
+    record(f"dtype_pairs[{state_dtype}-{act_dtype}]", w)
+
+
+@pytest.mark.parametrize("L", [1, 4, 8, 16, 32])
+@pytest.mark.parametrize("state_dtype,act_dtype", [(F32, F32), (F32, BF16), (BF16, BF16)], ids=["s32a32", "s32a16", "s16a16"])
+def test_buffer_lengths(L, state_dtype, act_dtype):
+    Bt, H, P, N, G = 5, 8, 64, 64, 2
+    prob = Problem(Bt, H, P, N, G, L, state_dtype, act_dtype, "cuda", _cursors(Bt, L, L), seed=L)
+    w = check_replay_trajectory(_replay(), prob, steps=2 * L + 1, check_exact=state_dtype == F32)
+    record(f"buffer_lengths[L={L}-{state_dtype}-{act_dtype}]", w)
+
+
+PROD = {"nano4b": (96, 80, 128, 8), "super": (128, 64, 128, 8), "mamba2-2.7b": (80, 64, 128, 1),
+        "p80n40": (8, 80, 40, 2)}
+
+
+@pytest.mark.parametrize("shape", list(PROD), ids=list(PROD))
+@pytest.mark.parametrize("state_dtype,act_dtype", [(F32, F32), (F32, BF16), (BF16, BF16)], ids=["s32a32", "s32a16", "s16a16"])
+def test_production_shapes(shape, state_dtype, act_dtype):
+    H, P, N, G = PROD[shape]
+    Bt, L = 4, 8
+    prob = Problem(Bt, H, P, N, G, L, state_dtype, act_dtype, "cuda", _cursors(Bt, L, 3), seed=4)
+    w = check_replay_trajectory(_replay(), prob, steps=2 * L + 1, check_exact=state_dtype == F32)
+    record(f"production[{shape}-{state_dtype}-{act_dtype}]", w)
+
+
+@pytest.mark.parametrize("opt", [False, True], ids=["no-z-D-bias", "z-D-bias"])
+@pytest.mark.parametrize("strided", [False, True], ids=["contig", "strided"])
+@pytest.mark.parametrize("state_dtype,act_dtype", [(F32, F32), (BF16, BF16)], ids=["s32a32", "s16a16"])
+def test_options_and_strides(opt, strided, state_dtype, act_dtype):
+    Bt, H, P, N, G, L = 4, 6, 80, 40, 3, 4
+    prob = Problem(Bt, H, P, N, G, L, state_dtype, act_dtype, "cuda", _cursors(Bt, L, 5), seed=6, has_z=opt,
+                   has_D=opt, has_bias=opt, strided=strided)
+    check_replay_trajectory(_replay(), prob, steps=2 * L + 1, check_exact=state_dtype == F32)
+
+
+def test_large_batch_config_and_out_none():
+    """Batch large enough for whole-group programs; out=None zeroes idle rows."""
+    H, P, N, G = PROD["super"]
+    Bt, L = 64, 4
+    prob = Problem(Bt, H, P, N, G, L, F32, BF16, "cuda", _cursors(Bt, L, 7), seed=8, has_z=False)
+    check_replay_trajectory(_replay(), prob, steps=2 * L + 1, use_out=False)
+
+
+@pytest.mark.parametrize("variant", ["split", "kernel-advance", "split-small-blocks"])
+def test_launch_variants(variant):
+    from replayssm.kernels.mamba2.triton_decode import launch_mamba2_replay_decode, make_replay_config
+
+    H, P, N, G = PROD["nano4b"]
+    Bt, L = 5, 4
+    cfg = {"split": make_replay_config(H, P, N, G, L, BLOCK_P=32, HC=12, route="split"),
+           "kernel-advance": make_replay_config(H, P, N, G, L, BLOCK_P=32, HC=3, advance="kernel"),
+           "split-small-blocks": make_replay_config(H, P, N, G, L, BLOCK_P=8, HC=4, route="split")}[variant]
+
+    def fn(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None, sp=True, out=None):
+        launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, sp, out,
+                                    False, config=cfg)
+        return out
+
+    prob = Problem(Bt, H, P, N, G, L, F32, BF16, "cuda", _cursors(Bt, L, 9), seed=10)
+    check_replay_trajectory(fn, prob, steps=2 * L + 1)
+
+
+@pytest.mark.parametrize("shape", ["super", "nano4b", "p80n40"])
+@pytest.mark.parametrize("state_dtype,act_dtype", [(F32, F32), (F32, BF16), (BF16, BF16), (F16, F16)],
+                         ids=["s32a32", "s32a16", "s16a16", "sf16af16"])
+def test_step_kernel(shape, state_dtype, act_dtype):
+    H, P, N, G = PROD[shape]
+    prob = Problem(3, H, P, N, G, 2, state_dtype, act_dtype, "cuda", [0, 0, 0], seed=11)
+    record(f"step[{shape}-{state_dtype}-{act_dtype}]", check_step_kernel(_step(), prob, steps=3))
+
+
+def test_step_kernel_strided_batch1():
+    H, P, N, G = PROD["mamba2-2.7b"]
+    prob = Problem(1, H, P, N, G, 2, F32, F32, "cuda", [0], seed=12, strided=True)
+    check_step_kernel(_step(), prob, steps=2)
+
+
+def test_cuda_graph_capture_equals_eager():
+    """Capture 2L+1 steps (three flushes for some rows) in one graph; replay == eager."""
+    H, P, N, G = PROD["super"]
+    Bt, L = 6, 4
+    base = Problem(Bt, H, P, N, G, L, F32, BF16, "cuda", [0, 3, 1, 2, 0, -1], seed=13)
+    steps = [base.inputs() for _ in range(2 * L + 1)]
+    fn = _replay()
+    eager, graph = base.clone(), base.clone()
+    outs_e = [torch.full((Bt, H, P), 7.0, dtype=BF16, device="cuda") for _ in steps]
+    outs_g = [o.clone() for o in outs_e]
+    # warm up (compiles) on a throwaway copy, on a side stream as capture requires
+    warm = base.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for (x, dt, B, C, z), o in zip(steps, [o.clone() for o in outs_e]):
+            fn(x, dt, B, C, *warm.mutable(), base.A, base.dt_bias, base.D, z, True, o)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for (x, dt, B, C, z), o in zip(steps, outs_g):
+            fn(x, dt, B, C, *graph.mutable(), base.A, base.dt_bias, base.D, z, True, o)
+    assert torch.equal(graph.cursor, base.cursor), "capture must not run the kernels"
+    g.replay()
+    for (x, dt, B, C, z), o in zip(steps, outs_e):
+        fn(x, dt, B, C, *eager.mutable(), base.A, base.dt_bias, base.D, z, True, o)
+    torch.cuda.synchronize()
+    for oe, og in zip(outs_e, outs_g):
+        assert torch.equal(oe, og)
+    for a, b in zip(eager.mutable(), graph.mutable()):
+        assert torch.equal(a.nan_to_num(0), b.nan_to_num(0))
+    # a second replay continues from the advanced cursors, like eager would
+    g.replay()
+    for (x, dt, B, C, z), o in zip(steps, outs_e):
+        fn(x, dt, B, C, *eager.mutable(), base.A, base.dt_bias, base.D, z, True, o)
+    torch.cuda.synchronize()
+    for a, b in zip(eager.mutable(), graph.mutable()):
+        assert torch.equal(a.nan_to_num(0), b.nan_to_num(0))
+
+
+def test_torch_compile_fullgraph():
+    from replayssm.kernels.mamba2.triton_decode import mamba2_replay_decode_triton
+    from replayssm.kernels.mamba2.triton_step import mamba2_step_decode_triton
+
+    H, P, N, G = 16, 32, 64, 4
+    Bt, L = 4, 4
+    prob = Problem(Bt, H, P, N, G, L, F32, BF16, "cuda", [0, 3, 2, -1], seed=14)
+    ker, ref = prob.clone(), prob.clone()
+    sk, sr = prob.clone().state, prob.clone().state
+
+    def f(x, dt, B, C, z, state, x_buf, dt_buf, B_buf, cursor, st):
+        y = mamba2_replay_decode_triton(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, prob.A, prob.dt_bias,
+                                        prob.D, z)
+        y2 = mamba2_step_decode_triton(x, dt, B, C, st, prob.A, prob.dt_bias, prob.D, z)
+        return y.float() * 2.0 + y2.float()
+
+    torch._dynamo.reset()
+    cf = torch.compile(f, fullgraph=True)
+    for _ in range(L + 1):  # crosses a flush for every active row
+        x, dt, B, C, z = prob.inputs()
+        yc = cf(x, dt, B, C, z, *ker.mutable(), sk)
+        ye = f(x, dt, B, C, z, *ref.mutable(), sr)
+        assert_close(yc, ye, rtol=1e-2, atol=1e-2)
+        for a, b in zip(ker.mutable(), ref.mutable()):
+            assert torch.equal(a.nan_to_num(0), b.nan_to_num(0))
+        assert torch.equal(sk, sr)
+
+
+def test_opcheck_gpu():
+    import replayssm.kernels.mamba2.ops  # noqa: F401
+
+    H, P, N, G = 8, 32, 64, 2
+    prob = Problem(3, H, P, N, G, 4, F32, BF16, "cuda", [0, 3, -1], seed=15)
+    x, dt, B, C, z = prob.inputs()
+    out = torch.zeros(3, H, P, dtype=BF16, device="cuda")
+    args = (x, dt, B, C, *prob.clone().mutable(), prob.A, prob.dt_bias, prob.D, z, True, out, False)
+    torch.library.opcheck(torch.ops.replayssm.mamba2_replay_decode.default, args)
+    torch.library.opcheck(torch.ops.replayssm.mamba2_step_decode.default,
+                          (x, dt, B, C, prob.clone().state, prob.A, prob.dt_bias, prob.D, z, True, out.clone()))
+
+
+def test_tf32x3_matters():
+    """The flush route with plain tf32 drifts measurably more than the tf32x3 default."""
+    from replayssm.kernels.mamba2.reference import mamba2_replay_decode_reference
+    from replayssm.kernels.mamba2.triton_decode import launch_mamba2_replay_decode, replay_config
+
+    H, P, N, G = PROD["super"]
+    Bt, L = 4, 16
+    prob = Problem(Bt, H, P, N, G, L, F32, F32, "cuda", [L - 1] * Bt, seed=16, has_z=False)
+    x, dt, B, C, z = prob.inputs()
+    ref = prob.clone()
+    y_ref = mamba2_replay_decode_reference(x, dt, B, C, *ref.mutable(), prob.A, prob.dt_bias, prob.D)
+    errs = {}
+    for prec in ("tf32x3", "tf32"):
+        k = prob.clone()
+        out = torch.empty_like(x)
+        cfg = dict(replay_config(Bt, H, P, N, G, L, 4, 4, torch.cuda.get_device_properties(0).multi_processor_count))
+        cfg["dot_precision"] = prec
+        launch_mamba2_replay_decode(x, dt, B, C, *k.mutable(), prob.A, prob.dt_bias, prob.D, None, True, out, False,
+                                    config=cfg)
+        errs[prec] = max((out - y_ref).abs().max().item(), (k.state - ref.state).abs().max().item())
+    record("flush_error_by_dot_precision", errs)
+    assert errs["tf32x3"] < 1e-4
+    assert errs["tf32"] > 2 * errs["tf32x3"]
