@@ -1,0 +1,436 @@
+"""Delta-rule (Gated DeltaNet / KDA) decode step: ReplaySSM Triton kernel vs per-step updates.
+
+Times one layer's decode step amortised over a whole L-step cycle (L consecutive steps
+from cursor 0, the flush step included, divided by L) for several batch sizes, model
+shapes, checkpoint dtypes (fp32, bf16; activations and rings bf16) and L, against, in the
+same run:
+
+* ``step``: this project's fused per-step Triton kernel (reads and writes the state);
+* ``hf``: the installed transformers' own decode function for the layer
+  (``torch_recurrent_gated_delta_rule`` for GDN, ``recurrent_kimi_delta_attention`` for
+  KDA; fp32 state as Hugging Face keeps it, plus the cache copy-back), eager;
+* ``fla``: flash-linear-attention's fused recurrent kernels, only if importable;
+* the byte floor: the fewest bytes each variant must move over the device-to-device copy
+  bandwidth measured in the same run (bytes read + written).
+
+The Triton variants run inside CUDA graphs whose body steps R copies of the layer's state
+and rings, so the working set stays well above the 60 MB L2 even at batch 1; time per step
+is the median graph replay time (``triton.testing.do_bench``) over the steps it holds.
+
+    python examples/benchmarks/bench_delta.py --out DIR [--quick] [--sweep | --sweep-only]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import inspect
+import json
+import math
+import os
+import platform
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import torch  # noqa: E402
+
+SHAPES = {  # name: (Hk, HV, K, V, kda)
+    "qwen3.5-4b-gdn": (16, 32, 128, 128, False),
+    "qwen3.5-122b-gdn": (16, 64, 128, 128, False),
+    "kimi-linear-kda": (32, 32, 128, 128, True),
+}
+BATCHES = [1, 8, 32, 128, 256, 512]
+LS = [8, 16, 32]
+L2_BYTES = 60e6
+
+
+# ----------------------------------------------------------------------------- loaders
+
+def load_hf():
+    """transformers' own decode functions (the torch code, unwrapped from hub-kernel wrappers)."""
+    out, notes = {}, []
+    try:
+        import transformers
+
+        notes.append(f"transformers {transformers.__version__}")
+    except Exception as e:  # pragma: no cover - machine dependent
+        return out, f"transformers unavailable: {type(e).__name__}: {e}"
+    for kind, mod, names in (
+        ("gdn", "transformers.models.qwen3_5.modeling_qwen3_5", ("torch_recurrent_gated_delta_rule",)),
+        ("kda", "transformers.models.kimi_linear.modeling_kimi_linear",
+         ("recurrent_kimi_delta_attention", "torch_recurrent_kimi_delta_attention")),
+    ):
+        try:
+            m = __import__(mod, fromlist=["_"])
+            for n in names:
+                if hasattr(m, n):
+                    fn = inspect.unwrap(getattr(m, n))
+                    out[kind] = fn
+                    notes.append(f"{kind}: {mod.split('.')[-1]}.{n}{inspect.signature(fn)}")
+                    break
+            else:
+                notes.append(f"{kind}: none of {names} in {mod}")
+        except Exception as e:  # pragma: no cover
+            notes.append(f"{kind}: {type(e).__name__}: {e}")
+    return out, "; ".join(notes)
+
+
+def load_fla():
+    try:
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fgdn  # noqa: F401
+
+        fkda = None
+        try:
+            from fla.ops.kda import fused_recurrent_kda as fkda  # noqa: F401
+        except Exception:
+            pass
+        return {"gdn": fgdn, "kda": fkda}, "flash-linear-attention importable"
+    except Exception as e:
+        return {}, f"not importable ({type(e).__name__}); skipped"
+
+
+# ----------------------------------------------------------------------------- timing
+
+def copy_bandwidth(dev) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read + written."""
+    import triton.testing
+
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device=dev).random_(0, 255)
+    b = torch.empty_like(a)
+    ms = triton.testing.do_bench(lambda: b.copy_(a), warmup=25, rep=150, return_mode="median")
+    del a, b
+    return 2 * n / (ms * 1e-3)
+
+
+def time_steps(body, steps: int, graph: bool = True) -> float:
+    """Median µs per step of ``body`` (which runs ``steps`` steps), replayed as a CUDA graph."""
+    if not torch.cuda.is_available():  # CPU smoke run (interpreter): plain wall clock
+        body()
+        t0 = time.perf_counter()
+        body()
+        return (time.perf_counter() - t0) * 1e6 / steps
+    import triton.testing
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        body()  # compiles; a whole cycle brings the cursors back where they started
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            body()
+        fn = g.replay
+    else:
+        fn = body
+    fn()
+    torch.cuda.synchronize()
+    ms = triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")
+    if graph:
+        del g
+    return ms * 1e3 / steps
+
+
+# ----------------------------------------------------------------------------- bytes
+
+def _io_bytes(Hk, HV, K, V, a, kda):
+    g = 4 * K if kda else 4
+    inputs = Hk * 2 * K * a + HV * (V * a + g + 4)  # q, k per key head; v, g, beta per value head
+    return inputs + HV * V * a  # + the output
+
+
+def step_bytes(Bt, Hk, HV, K, V, s, a, kda):
+    """Fewest bytes of one per-step update: state read + write, inputs, output."""
+    return Bt * (2 * HV * K * V * s + _io_bytes(Hk, HV, K, V, a, kda))
+
+
+def replay_bytes(Bt, Hk, HV, K, V, L, s, a, kda):
+    """Fewest bytes of one ReplaySSM step averaged over an L-step cycle (flush included)."""
+    entry = HV * (V * a + (4 * K if kda else 4)) + Hk * K * a  # one ring entry (u, g per value head; k per key head)
+    total = 0
+    for c in range(L):
+        flush = c == L - 1
+        total += (2 if flush else 1) * HV * K * V * s  # checkpoint read (+ write on flush)
+        total += c * entry + (0 if flush else entry)  # ring reads + append
+        total += _io_bytes(Hk, HV, K, V, a, kda) + 8  # + cursor read and write
+    return Bt * total / L
+
+
+# ----------------------------------------------------------------------------- one layer
+
+def _l2n(t):
+    return t / torch.sqrt((t * t).sum(-1, keepdim=True) + 1e-6)
+
+
+class Layer:
+    """One layer's inputs, R copies of its checkpoint, and (per L) R copies of its rings."""
+
+    def __init__(self, Bt, Hk, HV, K, V, kda, sdt, adt, R, dev, seed=0):
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        self.dims = (Bt, Hk, HV, K, V, kda)
+        self.sdt, self.adt, self.R, self.dev = sdt, adt, R, dev
+        self.q = (_l2n(torch.randn(Bt, Hk, K, generator=gen)) * K ** -0.5).to(adt).to(dev)
+        self.k = _l2n(torch.randn(Bt, Hk, K, generator=gen)).to(adt).to(dev)
+        self.v = torch.randn(Bt, HV, V, generator=gen).to(adt).to(dev)
+        gshape = (Bt, HV, K) if kda else (Bt, HV)
+        self.g = (-torch.exp(torch.randn(*gshape, generator=gen) - 3.0)).to(dev)
+        self.beta = torch.sigmoid(torch.randn(Bt, HV, generator=gen)).to(dev)
+        self.states = [(torch.randn(Bt, HV, K, V, device=dev) * 0.1).to(sdt) for _ in range(R)]
+        self.out = torch.empty(Bt, HV, V, dtype=adt, device=dev)
+
+    def rings(self, L):
+        Bt, Hk, HV, K, V, kda = self.dims
+        dev, adt = self.dev, self.adt
+        rings = []
+        for _ in range(self.R):
+            u = torch.randn(Bt, HV, L, V, device=dev).to(adt)
+            kb = _l2n(torch.randn(Bt, Hk, L, K, device=dev)).to(adt)
+            gb = -torch.rand(*((Bt, HV, L, K) if kda else (Bt, HV, L)), device=dev) * 0.05
+            rings.append((u, kb, gb, torch.zeros(Bt, dtype=torch.int32, device=dev)))
+        return rings
+
+
+def copies_for(Bt, HV, K, V, s):
+    """State copies so that one graph's working set is at least 4x the L2 (at most 64)."""
+    per = Bt * HV * K * V * s
+    return max(1, min(64, math.ceil(4 * L2_BYTES / per)))
+
+
+def bench_config(shape, Bt, sdt, Ls, dev, copy_bw, hf, fla, hf_cache, replay_kw=None, step_kw=None, do_step=True):
+    from replayssm.kernels.delta.triton_decode import delta_replay_decode_triton
+    from replayssm.kernels.delta.triton_step import delta_step_decode_triton
+
+    Hk, HV, K, V, kda = SHAPES[shape]
+    adt = torch.bfloat16
+    s, a = torch.tensor([], dtype=sdt).element_size(), 2
+    R = copies_for(Bt, HV, K, V, s) if dev == "cuda" else 1
+    lay = Layer(Bt, Hk, HV, K, V, kda, sdt, adt, R, dev)
+    x = (lay.q, lay.k, lay.v, lay.g, lay.beta)
+    rkw, skw = replay_kw or {}, step_kw or {}
+    res = dict(shape=shape, batch=Bt, state_dtype=str(sdt).replace("torch.", ""), act_dtype="bfloat16", copies=R,
+               replay_cfg=rkw, step_cfg=skw)
+
+    nstep = 8
+
+    def step_body():
+        for _ in range(nstep):
+            for st in lay.states:
+                delta_step_decode_triton(*x, st, **skw)
+
+    res["step_us"] = None
+    if do_step:
+        res["step_us"] = time_steps(step_body, nstep * R) * R  # µs per layer step (one copy)
+        res["step_floor_us"] = step_bytes(Bt, Hk, HV, K, V, s, a, kda) / copy_bw * 1e6
+        res["step_bw_frac"] = res["step_floor_us"] / res["step_us"]
+
+    # Hugging Face's own decode function (fp32 state, eager), once per (shape, batch).
+    kind = "kda" if kda else "gdn"
+    key = (shape, Bt)
+    if key not in hf_cache:
+        hf_cache[key] = None
+        fn = hf.get(kind)
+        if fn is not None:
+            grp = HV // Hk
+            qh = lay.q.repeat_interleave(grp, 1)[:, None]
+            kh = lay.k.repeat_interleave(grp, 1)[:, None]
+            vh, gh, bh = lay.v[:, None], lay.g[:, None], lay.beta[:, None]
+            st32 = torch.randn(Bt, HV, K, V, device=dev) * 0.1
+            params = inspect.signature(fn).parameters
+            kw = {n: v for n, v in (("initial_state", st32), ("output_final_state", True),
+                                    ("use_qk_l2norm_in_kernel", False)) if n in params}
+
+            def hf_body():
+                o, new = fn(qh, kh, vh, gh, bh, **kw)
+                st32.copy_(new)  # the cache copy-back Hugging Face does after the call
+
+            try:
+                hf_cache[key] = time_steps(hf_body, 1, graph=False)
+            except Exception as e:  # pragma: no cover
+                hf_cache[key] = None
+                res["hf_error"] = f"{type(e).__name__}: {e}"
+            del st32
+    res["hf_us"] = hf_cache[key]
+
+    # flash-linear-attention, if importable (not on the device machine by default).
+    res["fla_us"] = None
+    ffn = fla.get(kind)
+    if ffn is not None and sdt == torch.float32:
+        try:
+            st = lay.states[0]
+            qh = lay.q.repeat_interleave(HV // Hk, 1)[:, None]
+            kh = lay.k.repeat_interleave(HV // Hk, 1)[:, None]
+
+            def fla_body():
+                o, new = ffn(qh, kh, lay.v[:, None], lay.g[:, None], lay.beta[:, None], initial_state=st,
+                             output_final_state=True)
+                st.copy_(new)
+
+            res["fla_us"] = time_steps(fla_body, 1, graph=False)
+        except Exception as e:  # pragma: no cover
+            res["fla_error"] = f"{type(e).__name__}: {e}"
+
+    res["replay"] = {}
+    for L in Ls:
+        rings = lay.rings(L)
+
+        def replay_body():
+            for _ in range(L):
+                for st, (u, kb, gb, cur) in zip(lay.states, rings):
+                    delta_replay_decode_triton(*x, st, u, kb, gb, cur, lay.out, **rkw)
+
+        t = time_steps(replay_body, L * R) * R
+        floor = replay_bytes(Bt, Hk, HV, K, V, L, s, a, kda) / copy_bw * 1e6
+        res["replay"][L] = dict(us=t, floor_us=floor, bw_frac=floor / t,
+                                vs_step=(res["step_us"] / t) if res["step_us"] else None,
+                                vs_hf=(res["hf_us"] / t) if res["hf_us"] else None)
+        del rings
+    del lay
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+    return res
+
+
+# ----------------------------------------------------------------------------- report
+
+def fmt(v, spec="{:.1f}"):
+    return "—" if v is None else spec.format(v)
+
+
+def markdown(results, meta, Ls):
+    lines = [f"# Delta-rule decode step: ReplaySSM vs per-step ({meta['gpu']})", ""]
+    lines += [f"- date: {meta['date']}; torch {meta['torch']}, triton {meta['triton']}, {meta['hf']}",
+              f"- launch configurations: {meta.get('tuned') or 'library defaults'}",
+              f"- flash-linear-attention: {meta['fla']}",
+              f"- copy bandwidth (read + write): {meta['copy_bw_tbs']:.2f} TB/s",
+              "- µs per layer step, amortised over an L-step cycle (flush included); activations and rings bf16;",
+              "  `step` = fused per-step Triton kernel; `hf` = transformers' decode function (fp32 state, eager;",
+              "  the same measurement is shown for both checkpoint dtypes); `xstep`/`xhf` = speedup of replay;",
+              "  `bw` = byte floor / time, as a fraction of the copy bandwidth.", ""]
+    for shape in SHAPES:
+        rows = [r for r in results if r["shape"] == shape]
+        if not rows:
+            continue
+        lines += [f"## {shape} (Hk, HV, K, V) = {SHAPES[shape][:4]}", ""]
+        hdr = "| state | batch | hf µs | step µs | step bw |"
+        sep = "|---|---:|---:|---:|---:|"
+        for L in Ls:
+            hdr += f" L={L} µs | xstep | xhf | bw |"
+            sep += "---:|---:|---:|---:|"
+        lines += [hdr, sep]
+        for r in rows:
+            line = (f"| {r['state_dtype']} | {r['batch']} | {fmt(r['hf_us'])} | {fmt(r['step_us'])} | "
+                    f"{fmt(r['step_bw_frac'], '{:.0%}')} |")
+            for L in Ls:
+                x = r["replay"].get(L)
+                if x is None:
+                    line += " — | — | — | — |"
+                else:
+                    line += (f" {fmt(x['us'])} | {fmt(x['vs_step'], '{:.2f}x')} | {fmt(x['vs_hf'], '{:.0f}x')} | "
+                             f"{fmt(x['bw_frac'], '{:.0%}')} |")
+            lines.append(line)
+        lines.append("")
+    return "\n".join(lines)
+
+
+def sweep(dev, copy_bw, log, Bt=256, L=16):
+    """Launch configurations of both kernels at one batch size; returns the rows and the best
+    configuration per (GDN/KDA, checkpoint dtype) for each kernel."""
+    gdn = next(n for n, v in SHAPES.items() if not v[4])
+    kda = next(n for n, v in SHAPES.items() if v[4])
+    if dev != "cuda":
+        Bt = 2
+    cases = [(gdn, torch.float32), (gdn, torch.bfloat16), (kda, torch.float32), (kda, torch.bfloat16)]
+    step_cfgs = [(16, 4), (32, 4), (64, 4), (64, 8)]
+    replay_cfgs = [(16, 4), (32, 4), (64, 8)]
+    rows, best = [], {}
+    for shape, sdt in cases:
+        cls = ("kda" if SHAPES[shape][4] else "gdn", str(sdt).replace("torch.", ""))
+        cand = []
+        for bv, nw in step_cfgs:
+            skw = dict(block_v=bv, num_warps=nw)
+            r = bench_config(shape, Bt, sdt, [], dev, copy_bw, {}, {}, {}, step_kw=skw)
+            rows.append(dict(kernel="step", shape=shape, state=cls[1], cfg=skw, us=r["step_us"], bw=r["step_bw_frac"]))
+            cand.append((r["step_us"], skw))
+            log(rows[-1])
+        best[("step",) + cls] = min(cand, key=lambda t: t[0])[1]
+        cand = []
+        for route in (0, 1):
+            for bv, nw in replay_cfgs:
+                rkw = dict(route=route, block_v=bv, num_warps=nw)
+                r = bench_config(shape, Bt, sdt, [L], dev, copy_bw, {}, {}, {}, replay_kw=rkw, do_step=False)
+                x = r["replay"][L]
+                rows.append(dict(kernel="replay", shape=shape, state=cls[1], cfg=rkw, us=x["us"], bw=x["bw_frac"]))
+                cand.append((x["us"], rkw))
+                log(rows[-1])
+        best[("replay",) + cls] = min(cand, key=lambda t: t[0])[1]
+    return rows, best
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="examples/benchmarks/results/latest")
+    ap.add_argument("--quick", action="store_true", help="a subset: batches 1, 256; L 16")
+    ap.add_argument("--sweep", action="store_true", help="also time a few launch configurations first")
+    ap.add_argument("--sweep-only", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes, any device (checks the script itself)")
+    args = ap.parse_args(argv)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    t_start = time.time()
+
+    def log(o):
+        print(json.dumps(o, default=str), flush=True)
+
+    import triton
+
+    hf, hf_note = load_hf()
+    fla, fla_note = load_fla()
+    batches, Ls = (BATCHES, LS) if not args.quick else ([1, 256], [16])
+    if args.smoke:
+        global SHAPES
+        SHAPES = {"smoke-gdn": (2, 4, 16, 16, False), "smoke-kda": (2, 2, 16, 16, True)}
+        batches, Ls = [2], [4]
+    copy_bw = copy_bandwidth(dev) if dev == "cuda" else 1e11
+    meta = dict(
+        date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        gpu=torch.cuda.get_device_name() if dev == "cuda" else platform.processor() or "cpu",
+        torch=torch.__version__, triton=triton.__version__, hf=hf_note, fla=fla_note,
+        copy_bw_tbs=copy_bw / 1e12, batches=batches, Ls=Ls,
+    )
+    log(meta)
+    sweep_rows, best = [], {}
+    if args.sweep or args.sweep_only:
+        sweep_rows, best = sweep(dev, copy_bw, log)
+        meta["tuned"] = {"/".join(k): v for k, v in best.items()}
+        log(dict(tuned=meta["tuned"]))
+        (out / "delta_sweep.json").write_text(json.dumps(dict(rows=sweep_rows, best=meta["tuned"]), indent=1,
+                                                         default=str))
+        if args.sweep_only:
+            return
+    results = []
+    hf_cache = {}
+    for shape in SHAPES:
+        for sdt in (torch.float32, torch.bfloat16):
+            cls = ("kda" if SHAPES[shape][4] else "gdn", str(sdt).replace("torch.", ""))
+            rkw, skw = best.get(("replay",) + cls), best.get(("step",) + cls)
+            for Bt in batches:
+                r = bench_config(shape, Bt, sdt, Ls, dev, copy_bw, hf, fla, hf_cache, replay_kw=rkw, step_kw=skw)
+                results.append(r)
+                log(r)
+    meta["seconds"] = round(time.time() - t_start, 1)
+    md = markdown(results, meta, Ls)
+    (out / "delta_bench.md").write_text(md + "\n")
+    (out / "delta_bench.json").write_text(json.dumps(dict(meta=meta, results=results, sweep=sweep_rows), indent=1,
+                                                     default=str))
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
