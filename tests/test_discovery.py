@@ -44,7 +44,8 @@ def test_every_family_on_meta_device(family):
             assert r.state_bytes == s["num_heads"] * s["head_dim"] * s["state_size"] * 4
             assert r.buffer_bytes(16) > 0
         elif family in DELTA:
-            assert r.kind == DELTA[family]
+            assert r.kind == DELTA[family] and r.can_rewrite, r.reason
+            assert r.buffer_bytes(16) > 0
         else:
             assert r.kind == "mamba1" and not r.can_rewrite and "not implemented" in r.reason
 

@@ -1,0 +1,130 @@
+"""ReplaySSM for the delta-rule mixers.
+
+Gated DeltaNet: Qwen3Next, Qwen3.5, Qwen3.5-MoE, Qwen4Exp, OlmoHybrid.
+Kimi Delta Attention: KimiLinear, BailingHybrid, GLM5-Next.
+
+Decode step (mirrors transformers' own, except for the recurrence): projections -> conv
+step on the cache's conv state (transformers' own ``causal_conv1d_update``) -> q, k
+L2-normalised in fp32 (q scaled by K^-1/2), beta = sigmoid(b) in fp32 (never rounded
+through bf16), log-decay g in fp32 -> ``delta_replay_decode`` (checkpoint in the cache's
+recurrent state + ring of (u, k, g)) -> the module's own gated norm -> output projection.
+Heads are never expanded here: value head h reads key head h // (HV / Hk) inside the
+kernels, so the 5.17 vs 5.23 difference in where transformers expands them does not matter.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from replayssm.kernels.delta import delta_replay_decode, delta_replay_materialize
+
+from . import compat
+from .base import ReplayMixin, apply_padding_mask, conv_step
+from .cache_state import ReplayBuffers
+
+
+def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    x = x.float()
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+class _DeltaReplayMixin(ReplayMixin):
+    """Shared decode for both delta-rule kinds; subclasses supply projections and output."""
+
+    def _replay_materialize(self, state, buffers: ReplayBuffers):
+        t = buffers.tensors
+        return delta_replay_materialize(state, t["u_buf"], t["k_buf"], t["g_buf"], buffers.cursor)
+
+    def _conv(self, layer, mixed_qkv: torch.Tensor) -> torch.Tensor:
+        """mixed_qkv (B, C) -> conv output (B, C), updating the cache's conv state in place."""
+        conv_state = compat.conv_state(layer)
+        stock_conv = self._stock_function("causal_conv1d_update")
+        weight = self.conv1d.weight.squeeze(1)
+        if stock_conv is not None:
+            return stock_conv(mixed_qkv[:, :, None], conv_state, weight, self.conv1d.bias, self.activation)[:, :, 0]
+        return conv_step(conv_state, mixed_qkv, weight, self.conv1d.bias, self.activation)
+
+    def _run_kernel(self, layer, buffers, q, k, v, g, beta):
+        t = buffers.tensors
+        q = _l2norm(q) * (q.shape[-1] ** -0.5)
+        k = _l2norm(k)
+        return delta_replay_decode(q, k, v, g, beta, compat.recurrent_state(layer), t["u_buf"], t["k_buf"],
+                                   t["g_buf"], buffers.cursor, backend=self.replay_options.backend)
+
+
+class ReplayGatedDeltaNetMixer(_DeltaReplayMixin):
+    """Replay decode for the Gated DeltaNet mixers (scalar log-decay per value head)."""
+
+    replay_kind = "gated_deltanet"
+
+    def _replay_buffer_specs(self, batch, act_dtype):
+        L = self.replay_options.buffer_len
+        return {
+            "u_buf": ((batch, self.num_v_heads, L, self.head_v_dim), act_dtype),
+            "k_buf": ((batch, self.num_k_heads, L, self.head_k_dim), act_dtype),
+            "g_buf": ((batch, self.num_v_heads, L), torch.float32),
+        }
+
+    def _project(self, h: torch.Tensor):
+        """h (B, 1, hidden) -> mixed_qkv (B, conv_dim), gate z (B, Hv, dv), b, a (B, Hv), beta scale."""
+        batch = h.shape[0]
+        scale = 1.0
+        if hasattr(self, "in_proj_qkvz"):  # Qwen3Next: interleaved per key-head group
+            q, k, v, z, b, a = self.fix_query_key_value_ordering(self.in_proj_qkvz(h), self.in_proj_ba(h))
+            mixed = torch.cat([t.reshape(batch, -1) for t in (q, k, v)], dim=-1)
+        elif hasattr(self, "in_proj_qkv"):  # Qwen3.5, Qwen3.5-MoE, Qwen4Exp
+            mixed = self.in_proj_qkv(h)[:, 0]
+            z, b, a = self.in_proj_z(h), self.in_proj_b(h), self.in_proj_a(h)
+        else:  # OlmoHybrid
+            mixed = torch.cat([self.q_proj(h), self.k_proj(h), self.v_proj(h)], dim=-1)[:, 0]
+            z, b, a = self.g_proj(h), self.b_proj(h), self.a_proj(h)
+            if getattr(self, "allow_neg_eigval", False):
+                scale = 2.0
+        return (mixed, z.reshape(batch, self.num_v_heads, self.head_v_dim), b.reshape(batch, self.num_v_heads),
+                a.reshape(batch, self.num_v_heads), scale)
+
+    def _replay_step(self, hidden_states, layer, buffers: ReplayBuffers, attention_mask):
+        batch = hidden_states.shape[0]
+        h = apply_padding_mask(hidden_states, attention_mask)
+        mixed, z, b, a, beta_scale = self._project(h)
+        mixed = self._conv(layer, mixed)
+        q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = q.reshape(batch, self.num_k_heads, self.head_k_dim)
+        k = k.reshape(batch, self.num_k_heads, self.head_k_dim)
+        v = v.reshape(batch, self.num_v_heads, self.head_v_dim)
+        beta = torch.sigmoid(b.float()) * beta_scale
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        o = self._run_kernel(layer, buffers, q, k, v, g, beta)  # (B, Hv, dv)
+        norm = self.norm if hasattr(self, "norm") else self.o_norm
+        o = norm(o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim)).reshape(batch, 1, -1)
+        proj = self.out_proj if hasattr(self, "out_proj") else self.o_proj
+        return proj(o)
+
+
+class ReplayKimiDeltaMixer(_DeltaReplayMixin):
+    """Replay decode for the Kimi Delta Attention mixers (log-decay per key channel)."""
+
+    replay_kind = "kda"
+
+    def _replay_buffer_specs(self, batch, act_dtype):
+        L, H, D = self.replay_options.buffer_len, self.num_heads, self.head_dim
+        return {
+            "u_buf": ((batch, H, L, D), act_dtype),
+            "k_buf": ((batch, H, L, D), act_dtype),
+            "g_buf": ((batch, H, L, D), torch.float32),
+        }
+
+    def _replay_step(self, hidden_states, layer, buffers: ReplayBuffers, attention_mask):
+        batch = hidden_states.shape[0]
+        H, D = self.num_heads, self.head_dim
+        h = apply_padding_mask(hidden_states, attention_mask)
+        mixed = torch.cat([self.q_proj(h), self.k_proj(h), self.v_proj(h)], dim=-1)[:, 0]
+        mixed = self._conv(layer, mixed)
+        q, k, v = (t.reshape(batch, H, D) for t in torch.split(mixed, [self.qkv_dim] * 3, dim=-1))
+        g = self.forget_gate(h).float().reshape(batch, H, D)
+        beta = torch.sigmoid(self.b_proj(h).float()).reshape(batch, H)
+        o = self._run_kernel(layer, buffers, q, k, v, g, beta)  # (B, H, D)
+        gate = self.g_proj(h) if hasattr(self, "g_proj") else self.g_b_proj(self.g_a_proj(h))
+        o = self.o_norm(o.reshape(batch, 1, H, D), gate.reshape(batch, 1, H, D)).reshape(batch, 1, -1)
+        return self.o_proj(o)
