@@ -14,11 +14,15 @@ __version__ = "0.1.0"
 from .api import is_patched, patch, replayssm_report, unpatch
 from .config import SCHEMA_VERSION, ReplaySSMConfig
 from .discovery import SSMLayerInfo, find_ssm_layers
+from .convert import ConvertResult, convert
+from .io import from_pretrained, save_pretrained
+from .validate import ValidationResult, validate_checkpoint
 from .errors import (
     CheckpointError,
     ConfigError,
     ModelSpecError,
     NoSSMLayersError,
+    OutOfDiskError,
     OutputExistsError,
     ReplaySSMError,
     SchemaVersionError,
@@ -30,8 +34,10 @@ __all__ = [
     "SCHEMA_VERSION",
     "CheckpointError",
     "ConfigError",
+    "ConvertResult",
     "ModelSpecError",
     "NoSSMLayersError",
+    "OutOfDiskError",
     "OutputExistsError",
     "ReplaySSMConfig",
     "ReplaySSMError",
@@ -39,10 +45,15 @@ __all__ = [
     "SchemaVersionError",
     "UnsupportedLayerError",
     "ValidationFailedError",
+    "ValidationResult",
     "__version__",
+    "convert",
     "find_ssm_layers",
+    "from_pretrained",
     "is_patched",
     "patch",
     "replayssm_report",
+    "save_pretrained",
     "unpatch",
+    "validate_checkpoint",
 ]

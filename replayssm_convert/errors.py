@@ -48,3 +48,7 @@ class SchemaVersionError(ReplaySSMError):
 
 class BackendError(ReplaySSMError):
     """The requested kernel backend cannot run on these tensors."""
+
+
+class OutOfDiskError(ReplaySSMError, OSError):
+    """Not enough free disk space to write the output."""

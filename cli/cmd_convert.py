@@ -1,0 +1,97 @@
+"""``replayssm convert MODEL OUT_DIR``: write, validate and publish a ReplaySSM checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .cmd_inspect import MODEL_HELP
+from .common import Backend, DType, StateDtype, out, print_json, quiet_transformers
+
+
+def convert_command(
+    model: str = typer.Argument(..., metavar="MODEL", help=MODEL_HELP, show_default=False),
+    out_dir: Path = typer.Argument(..., metavar="OUT_DIR", help="Where to write the converted checkpoint "
+                                   "(must not exist unless --force).", show_default=False),
+    buffer_len: int = typer.Option(16, "--buffer-len", "-L", min=1, max=256,
+                                   help="Tokens buffered between checkpoint writes (1-256)."),
+    state_dtype: StateDtype = typer.Option(StateDtype.fp32, "--state-dtype", case_sensitive=False,
+                                           help="dtype of the checkpoint state."),
+    layers: Optional[List[str]] = typer.Option(None, "--layers", metavar="REGEX",
+                                               help="Rewrite only the SSM layers whose name matches (full match; "
+                                                    "repeatable). Default: all."),
+    skip_unsupported: bool = typer.Option(False, "--skip-unsupported", "--no-strict",
+                                          help="Skip SSM layers this version cannot rewrite instead of failing."),
+    backend: Backend = typer.Option(Backend.auto, "--backend", case_sensitive=False,
+                                    help="Kernel backend recorded in the checkpoint."),
+    validate: bool = typer.Option(True, "--validate/--no-validate",
+                                  help="Load original and converted models and compare their logits and greedy "
+                                       "tokens before publishing OUT_DIR."),
+    device: str = typer.Option("auto", "--device", metavar="DEV",
+                               help="Device for validation: auto, cpu, cuda, cuda:N."),
+    dtype: DType = typer.Option(DType.auto, "--dtype", case_sensitive=False,
+                                help="dtype for validation (auto: the checkpoint's on GPU, fp32 on CPU)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Run every check and show the plan; write nothing."),
+    force: bool = typer.Option(False, "--force", "-f", help="Replace an existing OUT_DIR (only once the new one is "
+                                                           "complete)."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code",
+                                           help="Allow a checkpoint's own modelling code."),
+    json_output: bool = typer.Option(False, "--json", help="Print one JSON result instead of tables and bars."),
+) -> int:
+    """Convert a Hugging Face hybrid checkpoint into a ReplaySSM checkpoint.
+
+    OUT_DIR is a standard checkpoint: the same weight files byte for byte, tokenizer and
+    generation config copied, and config.json gaining a "replayssm" block. Stock transformers
+    still loads it as the original model; replayssm.from_pretrained(OUT_DIR) loads it patched.
+    OUT_DIR appears atomically: on any error or Ctrl-C nothing is left behind.
+
+    [bold]Examples[/bold]
+
+      replayssm convert tiny:nemotron_h out/tiny-nemotron
+
+      replayssm convert ./Nemotron-H-8B out/nemotron-replay --buffer-len 32 --state-dtype bf16 --device cuda
+
+      replayssm convert ibm-granite/granite-4.0-h-tiny out/granite --dry-run
+
+      replayssm convert ./Zamba2-7B out/zamba --layers 'model\\.layers\\.[0-9]\\.mamba' --json
+    """
+    from replayssm.checkpoint import human_bytes
+    from replayssm.convert import convert
+
+    from .progress import RichProgress
+    from .render import check_line, files_table, note_line, summary_table
+
+    quiet_transformers()
+    with RichProgress(enabled=not json_output) as progress:
+        result = convert(
+            model, out_dir, buffer_len=buffer_len, state_dtype=state_dtype.value, layers=layers,
+            strict=not skip_unsupported, backend=backend.value, validate=validate, device=device,
+            dtype=dtype.value, dry_run=dry_run, force=force, trust_remote_code=trust_remote_code,
+            progress=progress,
+        )
+    if json_output:
+        print_json(result.to_dict())
+        return 0
+    if result.validation is not None:
+        for check in result.validation.checks:
+            out.print(check_line(check.ok, check.detail))
+    for r in result.skipped:
+        out.print(note_line(f"skipped {r.name} ({r.class_name}): {r.reason}"))
+    if result.skipped_files:
+        out.print(note_line(f"not copied: {', '.join(result.skipped_files)}"))
+    for note in result.notes:
+        out.print(note_line(note))
+    out.print(summary_table(result.layer_rows(), buffer_len=result.config.buffer_len,
+                            state_dtype=result.block["state_dtype"], act_bytes=result.act_bytes))
+    n_files, size = len(result.files), human_bytes(result.total_bytes)
+    if result.dry_run:
+        out.print(files_table(f.to_dict() for f in result.files))
+        out.print(check_line(True, f"dry run: every check passed; would write {n_files} files ({size}) to "
+                                   f"{result.out_dir}; nothing was written"))
+    else:
+        validated = "" if result.validation is not None else " (not validated)"
+        out.print(check_line(True, f"wrote {result.out_dir} ({n_files} files, {size}) in {result.elapsed_s:.1f}s"
+                                   f"{validated}"))
+    return 0

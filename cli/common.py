@@ -1,0 +1,65 @@
+"""What every command shares: the two consoles, option enums, JSON output, quiet transformers."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from enum import Enum
+from typing import Any
+
+from rich.console import Console
+
+#: results (tables, check lines, JSON) go to stdout; progress bars and errors to stderr
+out = Console(highlight=False, soft_wrap=False)
+err = Console(stderr=True, highlight=False)
+
+
+class StateDtype(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class DType(str, Enum):
+    auto = "auto"
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class Backend(str, Enum):
+    auto = "auto"
+    triton = "triton"
+    torch = "torch"
+
+
+def print_json(obj: Any) -> None:
+    """Exactly one JSON document on stdout (plain text: no colour, no wrapping)."""
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def quiet_environment() -> None:
+    """Environment for tidy CLI output; set before transformers / huggingface_hub are imported.
+
+    Works offline unless the user set HF_HUB_OFFLINE themselves; silences transformers'
+    warnings and progress bars unless TRANSFORMERS_VERBOSITY is set.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def quiet_transformers() -> None:
+    """After importing transformers: errors only, no progress bars (unless asked for)."""
+    try:
+        import transformers
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # pragma: no cover
+        return
+    if os.environ.get("TRANSFORMERS_VERBOSITY", "error") == "error":
+        transformers.logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()

@@ -1,0 +1,321 @@
+"""Check a converted checkpoint: the stock model and the ReplaySSM model must agree.
+
+``validate_checkpoint(path)`` loads the checkpoint once with stock transformers (which
+ignores the ``replayssm`` block: this also proves other runtimes load it as the original
+model), decodes a fixed random prompt greedily, then applies the recorded block with
+``replayssm.patch`` and decodes again with the reference tokens forced (teacher forcing),
+so the logits of every step can be compared even after a near tie. The decode is long
+enough to cross at least one checkpoint flush.
+
+Tolerances (on the raw logits, relative to the largest reference logit ``scale``):
+fp32 1e-4 x max(1, scale); fp16 1e-2 x scale; bf16 5e-2 x scale — the looser of the
+model dtype's and the checkpoint-state dtype's (``state_dtype``). Greedy tokens must
+agree at every step except where the reference's top-2 margin is below twice the
+tolerance (a near tie, where rounding may legitimately pick either token).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .checkpoint import NULL_PROGRESS, Progress, test_hook
+from .config import CONFIG_KEY
+from .errors import CheckpointError, ConfigError
+
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_CONFIG_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+RELATIVE_TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+
+
+@dataclass(frozen=True)
+class Check:
+    """One validation check: what was checked, whether it held, the measured values."""
+
+    name: str
+    ok: bool
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class ValidationResult:
+    passed: bool
+    device: str
+    dtype: str
+    batch: int
+    prompt_len: int
+    new_tokens: int
+    buffer_len: int
+    flushes: int
+    max_abs_diff: float | None = None
+    tolerance: float | None = None
+    logit_scale: float | None = None
+    tokens_compared: int = 0
+    tokens_equal: int = 0
+    near_ties: int = 0
+    rewritten: list[str] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    def add(self, name: str, ok: bool, detail: str) -> bool:
+        self.checks.append(Check(name, ok, detail))
+        return ok
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["checks"] = [c.to_dict() for c in self.checks]
+        return d
+
+
+def _count(n: int, noun: str, plural: str | None = None) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {plural or noun + 's'}"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    for name, dt in DTYPES.items():
+        if dt == dtype:
+            return name
+    return str(dtype).replace("torch.", "")
+
+
+def tolerance(dtype: torch.dtype, scale: float) -> float:
+    """Allowed max |logit difference| for logits of magnitude up to ``scale``."""
+    rel = RELATIVE_TOLERANCE.get(dtype, 5e-2)
+    return rel * max(1.0, scale) if dtype == torch.float32 else rel * max(scale, 1e-3)
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """"auto" -> cuda when available, else cpu; check that the device exists."""
+    if device is None or str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ConfigError(f"--device must be auto, cpu, cuda, cuda:N or mps; got {device!r}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"device {device!r} asked for, but CUDA is not available (torch {torch.__version__})",
+                hint="pass --device cpu, or --no-validate to skip the check",
+            )
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    elif dev.type == "mps":
+        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+            raise ConfigError(f"device {device!r} asked for, but MPS is not available", hint="pass --device cpu")
+    elif dev.type != "cpu":
+        raise ConfigError(f"--device must be auto, cpu, cuda, cuda:N or mps; got {device!r}")
+    return dev
+
+
+def checkpoint_dtype_name(config: dict[str, Any]) -> str | None:
+    """"fp32" | "bf16" | "fp16" from a config.json dict (dtype / torch_dtype), or None."""
+    for source in (config, config.get("text_config") or {}):
+        if not isinstance(source, dict):
+            continue
+        for key in ("dtype", "torch_dtype"):
+            value = source.get(key)
+            if isinstance(value, str) and value.replace("torch.", "") in _CONFIG_DTYPES:
+                return _CONFIG_DTYPES[value.replace("torch.", "")]
+    return None
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device, config: dict[str, Any] | None = None) -> torch.dtype:
+    """"auto" -> the checkpoint's dtype on GPUs, fp32 on CPU (CPU half-precision is slow)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype is None or dtype == "auto":
+        if device.type == "cpu":
+            return torch.float32
+        name = checkpoint_dtype_name(config or {}) or "bf16"
+        return DTYPES[name]
+    key = str(dtype).lower()
+    key = _CONFIG_DTYPES.get(key, key)
+    if key not in DTYPES:
+        raise ConfigError(f"--dtype must be one of auto, {', '.join(DTYPES)}; got {dtype!r}")
+    return DTYPES[key]
+
+
+class _ForceTokens:
+    """A logits processor that makes generate emit given tokens (teacher forcing)."""
+
+    def __init__(self, tokens: torch.Tensor, prompt_len: int):
+        self.tokens = tokens
+        self.prompt_len = prompt_len
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        step = input_ids.shape[1] - self.prompt_len
+        forced = self.tokens[:, step].to(scores.device)
+        out = torch.full_like(scores, float("-inf"))
+        out.scatter_(1, forced[:, None], 0.0)
+        return out
+
+
+def _generate(model, input_ids, new_tokens: int, pad_id: int, force: torch.Tensor | None = None):
+    from transformers import GenerationConfig, LogitsProcessorList
+
+    gen = GenerationConfig(
+        max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, num_beams=1,
+        output_logits=True, return_dict_in_generate=True, use_cache=True, pad_token_id=pad_id,
+    )
+    processors = LogitsProcessorList([_ForceTokens(force, input_ids.shape[1])] if force is not None else [])
+    with torch.inference_mode():
+        out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=gen,
+                             logits_processor=processors)
+    logits = torch.stack(list(out.logits), dim=1).float()  # (B, N, V)
+    tokens = out.sequences[:, input_ids.shape[1]:]
+    return tokens, logits
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def validate_checkpoint(
+    path: str | Path,
+    *,
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype = "auto",
+    seed: int = 0,
+    batch: int = 2,
+    prompt_len: int = 8,
+    new_tokens: int | None = None,
+    trust_remote_code: bool = False,
+    progress: Progress | None = None,
+) -> ValidationResult:
+    """Load a converted checkpoint and compare the stock model with the ReplaySSM one.
+
+    Returns the result (``passed`` False when a comparison fails); raises CheckpointError
+    when stock transformers cannot load the checkpoint, ConfigError for a bad device/dtype.
+    """
+    from transformers import AutoModelForCausalLM
+
+    from .api import patch, replayssm_report
+    from .checkpoint import read_config_json
+    from .config import ReplaySSMConfig
+
+    progress = progress or NULL_PROGRESS
+    start = time.perf_counter()
+    path = Path(path)
+    config_dict = read_config_json(path)
+    block = config_dict.get(CONFIG_KEY)
+    rs_config = ReplaySSMConfig.from_block(block) if block is not None else None
+    if rs_config is None:
+        raise ConfigError(f"{path}/config.json has no {CONFIG_KEY} block", hint="convert it with `replayssm convert`")
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev, config_dict)
+    if new_tokens is None:
+        new_tokens = max(24, rs_config.buffer_len + 8)
+    result = ValidationResult(
+        passed=False, device=str(dev), dtype=dtype_name(dt), batch=batch, prompt_len=prompt_len,
+        new_tokens=new_tokens, buffer_len=rs_config.buffer_len, flushes=max(0, new_tokens - 1) // rs_config.buffer_len,
+    )
+    key = "validate"
+    progress.start(key, f"Validating on {dev}", total=4)
+    try:
+        # 1. stock load
+        try:
+            model, info = AutoModelForCausalLM.from_pretrained(
+                str(path), dtype=dt, device_map=str(dev), output_loading_info=True,
+                trust_remote_code=trust_remote_code,
+            )
+        except (OSError, ValueError, RuntimeError, KeyError) as exc:
+            raise CheckpointError(
+                f"stock transformers cannot load the converted checkpoint: {_short(exc)}",
+                hint="the input checkpoint may not match its config.json; try loading it with transformers",
+            ) from None
+        model.eval()
+        missing = list(info.get("missing_keys") or [])
+        mismatched = list(info.get("mismatched_keys") or [])
+        loaded_ok = not missing and not mismatched
+        detail = f"{type(model).__name__}, {result.dtype} on {dev}"
+        if missing:
+            detail += f"; missing weights: {', '.join(map(str, missing[:3]))}{' ...' if len(missing) > 3 else ''}"
+        if mismatched:
+            detail += f"; shape mismatches: {', '.join(str(m[0] if isinstance(m, tuple) else m) for m in mismatched[:3])}"
+        if not result.add("load", loaded_ok, f"stock transformers loads the checkpoint ({detail})"):
+            return result
+        progress.advance(key)
+
+        # 2. reference decode
+        emb = model.get_input_embeddings()
+        vocab = int(getattr(emb, "num_embeddings", 0) or model.config.get_text_config().vocab_size)
+        text_cfg = model.config.get_text_config()
+        vocab = min(vocab, int(getattr(text_cfg, "vocab_size", vocab) or vocab))
+        gen = torch.Generator().manual_seed(seed)
+        low = 3 if vocab > 8 else 0
+        input_ids = torch.randint(low, vocab, (batch, prompt_len), generator=gen).to(dev)
+        pad_id = getattr(text_cfg, "pad_token_id", None)
+        if not isinstance(pad_id, int):
+            eos = getattr(text_cfg, "eos_token_id", None)
+            pad_id = eos if isinstance(eos, int) else (eos[0] if isinstance(eos, list) and eos else 0)
+        ref_tokens, ref_logits = _generate(model, input_ids, new_tokens, pad_id)
+        progress.advance(key)
+
+        # 3. apply the recorded block, decode with the reference tokens forced
+        patch(model)
+        rewritten = [r.name for r in replayssm_report(model).get("rewritten", [])]
+        result.rewritten = rewritten
+        recorded = [entry.get("name") for entry in (block.get("layers") or []) if isinstance(entry, dict)]
+        same = sorted(rewritten) == sorted(recorded)
+        if not result.add("patch", same,
+                          f"replayssm block applied: {_count(len(rewritten), 'layer')} rewritten, buffer_len "
+                          f"{rs_config.buffer_len}, state {block.get('state_dtype', 'fp32')}"
+                          + ("" if same else f" (the block records {len(recorded)})")):
+            return result
+        try:
+            pat_tokens, pat_logits = _generate(model, input_ids, new_tokens, pad_id, force=ref_tokens)
+        except Exception as exc:  # the patched model must run wherever the stock one does
+            result.add("run", False, f"the ReplaySSM model failed to decode: {_short(exc)}")
+            return result
+        if test_hook("perturb-logits") is not None:
+            pat_logits[:, -1, :] += 1.0 + ref_logits.abs().max()
+        progress.advance(key)
+
+        # 4. compare
+        scale = float(ref_logits.abs().max())
+        tol = tolerance(dt, scale)
+        if rs_config.torch_state_dtype is not None:  # a 16-bit checkpoint state rounds like 16-bit logits
+            tol = max(tol, tolerance(rs_config.torch_state_dtype, scale))
+        finite = bool(torch.isfinite(pat_logits).all())
+        diff = float((pat_logits - ref_logits).abs().max()) if finite else float("inf")
+        result.max_abs_diff, result.tolerance, result.logit_scale = diff, tol, scale
+        steps = ref_logits.shape[1]
+        result.add("logits", finite and diff <= tol,
+                   f"logits over {batch}x{steps} steps ({_count(result.flushes, 'flush', 'flushes')} at L={rs_config.buffer_len}): "
+                   f"max |diff| {diff:.2e} <= tol {tol:.1e}" if finite and diff <= tol else
+                   f"logits over {batch}x{steps} steps: max |diff| {diff:.2e} exceeds tol {tol:.1e}")
+        ref_arg = ref_logits.argmax(-1)
+        pat_arg = pat_logits.argmax(-1)
+        top2 = ref_logits.topk(2, dim=-1).values if ref_logits.shape[-1] > 1 else ref_logits.repeat(1, 1, 2)
+        margin = top2[..., 0] - top2[..., 1]
+        equal = ref_arg == pat_arg
+        near_tie = margin <= 2 * tol
+        bad = (~equal) & (~near_tie)
+        result.tokens_compared = int(equal.numel())
+        result.tokens_equal = int(equal.sum())
+        result.near_ties = int((~equal & near_tie).sum())
+        ties = f" ({result.near_ties} differ at near ties)" if result.near_ties else ""
+        if bad.any():
+            row, step = (int(i) for i in bad.nonzero()[0])
+            result.add("tokens", False, f"greedy tokens: {result.tokens_equal}/{result.tokens_compared} equal; "
+                                        f"row {row} step {step} differs (top-2 margin {float(margin[row, step]):.2e})")
+        else:
+            result.add("tokens", True, f"greedy tokens: {result.tokens_equal}/{result.tokens_compared} equal{ties}")
+        progress.advance(key)
+        result.passed = all(c.ok for c in result.checks)
+        progress.finish(key)
+        return result
+    finally:
+        result.elapsed_s = time.perf_counter() - start
+
+
+__all__ = ["Check", "ValidationResult", "resolve_device", "resolve_dtype", "tolerance", "validate_checkpoint"]
