@@ -53,6 +53,27 @@ def _softplus(d):
 
 
 @triton.jit
+def _window_weights(dtw, d, cur_l, a_h):
+    """Put the current dt at slot c; weights w_j = dt_j exp(A (Pcum_c - Pcum_j)) and abar = exp(A Pcum_c)."""
+    dtw = tl.where(cur_l, d, dtw.to(tl.float32))
+    pcum = tl.cumsum(dtw, 0)
+    p_c = tl.sum(tl.where(cur_l, pcum, 0.0), 0)
+    w = dtw * tl.exp(tl.minimum(a_h * (p_c - pcum), 0.0))
+    abar = tl.exp(tl.minimum(a_h * p_c, 0.0))
+    return w, abar
+
+
+@triton.jit
+def _process_dt(d_raw, dtbias_ptr, h, sdtb, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr):
+    d = d_raw.to(tl.float32)
+    if HAS_DT_BIAS:
+        d += tl.load(dtbias_ptr + h * sdtb).to(tl.float32)
+    if DT_SOFTPLUS:
+        d = _softplus(d)
+    return d
+
+
+@triton.jit
 def _mamba2_replay_kernel(
     x_ptr, dt_ptr, B_ptr, C_ptr, state_ptr, xbuf_ptr, dtbuf_ptr, Bbuf_ptr, cursor_ptr, A_ptr,
     dtbias_ptr, D_ptr, z_ptr, out_ptr, cnt_ptr,
@@ -75,6 +96,8 @@ def _mamba2_replay_kernel(
 ):
     # ROUTE 0: both routes (runtime branch per row); 1: output-only route only (flush rows
     # skip their work but still arrive for the cursor advance); 2: flush route only.
+    # BLOCK_N >= N (resp. BLOCK_NF >= N): one state tile per head, and the next head's
+    # tile (with its buffer window) is loaded while the current head is computed.
     pid = tl.program_id(0)
     pb = pid % n_pb
     t = pid // n_pb
@@ -103,6 +126,12 @@ def _mamba2_replay_kernel(
         if c != L - 1:
             return
 
+    if ADVANCE:
+        # Arrive as soon as c is read (the barrier orders every thread's read before the
+        # release); the last program of the row to arrive writes the new cursor at the end.
+        tl.debug_barrier()
+        arrived = tl.atomic_add(cnt_ptr + b, 1, sem="acq_rel")
+
     do_work = True
     if ROUTE == 1:
         do_work = c != L - 1
@@ -111,19 +140,18 @@ def _mamba2_replay_kernel(
         offs_l = tl.arange(0, BLOCK_L)
         valid_l = offs_l < c  # buffered entries of this row
         cur_l = offs_l == c  # the current token's slot
-        offs_n = tl.arange(0, BLOCK_N)
         xb_row = xbuf_ptr + b * sxb_b
         Bb_row = Bbuf_ptr + b * sBb_b + g * sBb_g
         B_row = B_ptr + b * sB_b + g * sB_g
         C_row = C_ptr + b * sC_b + g * sC_g
-
-        # Append the current B (one program per row and group).
-        if (hc == 0) & (pb == 0):
-            for n0 in range(0, N, BLOCK_N):
-                nn = n0 + offs_n
-                mn = nn < N
-                bcur = tl.load(B_row + nn * sB_n, mask=mn, other=0.0)
-                tl.store(Bb_row + c * sBb_l + nn * sBb_n, bcur.to(Bbuf_ptr.dtype.element_ty), mask=mn)
+        x_row = x_ptr + b * sx_b
+        st_row = state_ptr + b * ss_b
+        db_row = dtbuf_ptr + b * sdb_b
+        dt_row = dt_ptr + b * sdt_b
+        z_row = z_ptr + b * sz_b
+        o_row = out_ptr + b * so_b
+        x_rel = offs_l[:, None] * sxb_l + offs_p[None, :] * sxb_p  # (BLOCK_L, BLOCK_P) window
+        mx = valid_l[:, None] & mask_p[None, :]
 
         if ROUTE == 0:
             run_flush = is_flush
@@ -135,123 +163,205 @@ def _mamba2_replay_kernel(
         if run_flush:
             # ---------------- state-and-output route (flush) ----------------
             offs_nf = tl.arange(0, BLOCK_NF)
-            for i in range(0, nh):
-                h = h0 + i
-                a_h = tl.load(A_ptr + h * sA).to(tl.float32)
-                d = tl.load(dt_ptr + b * sdt_b + h * sdt_h).to(tl.float32)
-                if HAS_DT_BIAS:
-                    d += tl.load(dtbias_ptr + h * sdtb).to(tl.float32)
-                if DT_SOFTPLUS:
-                    d = _softplus(d)
-                dtw = tl.load(dtbuf_ptr + b * sdb_b + h * sdb_h + offs_l * sdb_l, mask=valid_l, other=0.0)
-                dtw = tl.where(cur_l, d, dtw.to(tl.float32))
-                pcum = tl.cumsum(dtw, 0)
-                p_c = tl.sum(tl.where(cur_l, pcum, 0.0), 0)
-                w = dtw * tl.exp(tl.minimum(a_h * (p_c - pcum), 0.0))
-                abar = tl.exp(tl.minimum(a_h * p_c, 0.0))
+            if BLOCK_NF >= N:
+                mn = offs_nf < N
+                m2 = mask_p[:, None] & mn[None, :]
+                s_rel = offs_p[:, None] * ss_p + offs_nf[None, :] * ss_n
+                bw = tl.load(Bb_row + offs_l[:, None] * sBb_l + offs_nf[None, :] * sBb_n,
+                             mask=valid_l[:, None] & mn[None, :], other=0.0)
+                bcur = tl.load(B_row + offs_nf * sB_n, mask=mn, other=0.0).to(Bbuf_ptr.dtype.element_ty)
+                bw = tl.where(cur_l[:, None], bcur[None, :], bw).to(tl.float32)  # (BLOCK_L, BLOCK_NF)
+                cv = tl.load(C_row + offs_nf * sC_n, mask=mn, other=0.0).to(tl.float32)
+                h = h0
+                s_t = tl.load(st_row + h * ss_h + s_rel, mask=m2, other=0.0)
+                xw_t = tl.load(xb_row + h * sxb_h + x_rel, mask=mx, other=0.0)
+                dtw_t = tl.load(db_row + h * sdb_h + offs_l * sdb_l, mask=valid_l, other=0.0)
+                xc_t = tl.load(x_row + h * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
+                dr_t = tl.load(dt_row + h * sdt_h)
+                for i in range(0, nh):
+                    h = h0 + i
+                    hn = h + 1
+                    ok = (tl.zeros([], dtype=tl.int32) + i + 1) < nh
+                    okp = (tl.zeros([BLOCK_P], dtype=tl.int32) + i + 1) < nh  # vector masks (the interpreter
+                    okl = (tl.zeros([BLOCK_L], dtype=tl.int32) + i + 1) < nh  # mis-types bool & 0-d bool)
+                    s_n = tl.load(st_row + hn * ss_h + s_rel, mask=m2 & okp[:, None], other=0.0)
+                    xw_n = tl.load(xb_row + hn * sxb_h + x_rel, mask=mx & okp[None, :], other=0.0)
+                    dtw_n = tl.load(db_row + hn * sdb_h + offs_l * sdb_l, mask=valid_l & okl, other=0.0)
+                    xc_n = tl.load(x_row + hn * sx_h + offs_p * sx_p, mask=mask_p & okp, other=0.0)
+                    dr_n = tl.load(dt_row + hn * sdt_h, mask=ok, other=0.0)
 
-                xc = tl.load(x_ptr + b * sx_b + h * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
-                xcb = xc.to(xbuf_ptr.dtype.element_ty)
-                xh = xb_row + h * sxb_h
-                xT = tl.load(xh + offs_l[None, :] * sxb_l + offs_p[:, None] * sxb_p,
-                             mask=valid_l[None, :] & mask_p[:, None], other=0.0)
-                xT = tl.where(cur_l[None, :], xcb[:, None], xT)  # (BLOCK_P, BLOCK_L), buffer dtype
-                if not DOT_LOWP:
-                    xT32 = xT.to(tl.float32)
-                s_h = state_ptr + b * ss_b + h * ss_h
-                acc = tl.zeros([BLOCK_P], dtype=tl.float32)
-                for n0 in range(0, N, BLOCK_NF):
-                    nn = n0 + offs_nf
-                    mn = nn < N
-                    bw = tl.load(Bb_row + offs_l[:, None] * sBb_l + nn[None, :] * sBb_n,
-                                 mask=valid_l[:, None] & mn[None, :], other=0.0)
-                    bcur = tl.load(B_row + nn * sB_n, mask=mn, other=0.0).to(Bbuf_ptr.dtype.element_ty)
-                    bw = tl.where(cur_l[:, None], bcur[None, :], bw).to(tl.float32)
-                    wb = w[:, None] * bw  # (BLOCK_L, BLOCK_NF)
-                    sp = s_h + offs_p[:, None] * ss_p + nn[None, :] * ss_n
-                    m2 = mask_p[:, None] & mn[None, :]
-                    s0 = tl.load(sp, mask=m2, other=0.0).to(tl.float32)
+                    a_h = tl.load(A_ptr + h * sA).to(tl.float32)
+                    d = _process_dt(dr_t, dtbias_ptr, h, sdtb, HAS_DT_BIAS, DT_SOFTPLUS)
+                    w, abar = _window_weights(dtw_t, d, cur_l, a_h)
+                    xcb = xc_t.to(xbuf_ptr.dtype.element_ty)
+                    xw = tl.where(cur_l[:, None], xcb[None, :], xw_t)  # (BLOCK_L, BLOCK_P), buffer dtype
+                    wb = w[:, None] * bw
                     if DOT_LOWP:
-                        upd = tl.dot(xT, wb.to(xbuf_ptr.dtype.element_ty), out_dtype=tl.float32)
+                        upd = tl.dot(tl.trans(xw), wb.to(xbuf_ptr.dtype.element_ty), out_dtype=tl.float32)
                     else:
-                        upd = tl.dot(xT32, wb, input_precision=DOT_PREC, out_dtype=tl.float32)
-                    s_new = abar * s0 + upd
-                    tl.store(sp, s_new.to(state_ptr.dtype.element_ty), mask=m2)
-                    cv = tl.load(C_row + nn * sC_n, mask=mn, other=0.0).to(tl.float32)
-                    acc += tl.sum(s_new * cv[None, :], 1)
-                y = acc
-                if HAS_D:
-                    y += tl.load(D_ptr + h * sD).to(tl.float32) * xc.to(tl.float32)
-                if HAS_Z:
-                    zv = tl.load(z_ptr + b * sz_b + h * sz_h + offs_p * sz_p, mask=mask_p, other=0.0).to(tl.float32)
-                    y = y * (zv * tl.sigmoid(zv))
-                tl.store(out_ptr + b * so_b + h * so_h + offs_p * so_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
-                tl.store(xh + c * sxb_l + offs_p * sxb_p, xcb, mask=mask_p)
-                if pb == 0:
-                    tl.store(dtbuf_ptr + b * sdb_b + h * sdb_h + c * sdb_l, d.to(dtbuf_ptr.dtype.element_ty))
+                        upd = tl.dot(tl.trans(xw.to(tl.float32)), wb, input_precision=DOT_PREC, out_dtype=tl.float32)
+                    s_new = abar * s_t.to(tl.float32) + upd
+                    tl.store(st_row + h * ss_h + s_rel, s_new.to(state_ptr.dtype.element_ty), mask=m2)
+                    y = tl.sum(s_new * cv[None, :], 1)
+                    if HAS_D:
+                        y += tl.load(D_ptr + h * sD).to(tl.float32) * xc_t.to(tl.float32)
+                    if HAS_Z:
+                        zv = tl.load(z_row + h * sz_h + offs_p * sz_p, mask=mask_p, other=0.0).to(tl.float32)
+                        y = y * (zv * tl.sigmoid(zv))
+                    tl.store(o_row + h * so_h + offs_p * so_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
+                    tl.store(xb_row + h * sxb_h + c * sxb_l + offs_p * sxb_p, xcb, mask=mask_p)
+                    if pb == 0:
+                        tl.store(db_row + h * sdb_h + c * sdb_l, d.to(dtbuf_ptr.dtype.element_ty))
+                    s_t = s_n
+                    xw_t = xw_n
+                    dtw_t = dtw_n
+                    xc_t = xc_n
+                    dr_t = dr_n
+            else:
+                for i in range(0, nh):
+                    h = h0 + i
+                    a_h = tl.load(A_ptr + h * sA).to(tl.float32)
+                    dtw = tl.load(db_row + h * sdb_h + offs_l * sdb_l, mask=valid_l, other=0.0)
+                    xc = tl.load(x_row + h * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
+                    xw = tl.load(xb_row + h * sxb_h + x_rel, mask=mx, other=0.0)
+                    d = _process_dt(tl.load(dt_row + h * sdt_h), dtbias_ptr, h, sdtb, HAS_DT_BIAS, DT_SOFTPLUS)
+                    w, abar = _window_weights(dtw, d, cur_l, a_h)
+                    xcb = xc.to(xbuf_ptr.dtype.element_ty)
+                    xT = tl.trans(tl.where(cur_l[:, None], xcb[None, :], xw))  # (BLOCK_P, BLOCK_L)
+                    if not DOT_LOWP:
+                        xT = xT.to(tl.float32)
+                    acc = tl.zeros([BLOCK_P], dtype=tl.float32)
+                    for n0 in range(0, N, BLOCK_NF):
+                        nn = n0 + offs_nf
+                        mn = nn < N
+                        bw = tl.load(Bb_row + offs_l[:, None] * sBb_l + nn[None, :] * sBb_n,
+                                     mask=valid_l[:, None] & mn[None, :], other=0.0)
+                        bcur = tl.load(B_row + nn * sB_n, mask=mn, other=0.0).to(Bbuf_ptr.dtype.element_ty)
+                        bw = tl.where(cur_l[:, None], bcur[None, :], bw).to(tl.float32)
+                        wb = w[:, None] * bw
+                        sp = st_row + h * ss_h + offs_p[:, None] * ss_p + nn[None, :] * ss_n
+                        m2 = mask_p[:, None] & mn[None, :]
+                        s0 = tl.load(sp, mask=m2, other=0.0).to(tl.float32)
+                        if DOT_LOWP:
+                            upd = tl.dot(xT, wb.to(xbuf_ptr.dtype.element_ty), out_dtype=tl.float32)
+                        else:
+                            upd = tl.dot(xT, wb, input_precision=DOT_PREC, out_dtype=tl.float32)
+                        s_new = abar * s0 + upd
+                        tl.store(sp, s_new.to(state_ptr.dtype.element_ty), mask=m2)
+                        cv = tl.load(C_row + nn * sC_n, mask=mn, other=0.0).to(tl.float32)
+                        acc += tl.sum(s_new * cv[None, :], 1)
+                    y = acc
+                    if HAS_D:
+                        y += tl.load(D_ptr + h * sD).to(tl.float32) * xc.to(tl.float32)
+                    if HAS_Z:
+                        zv = tl.load(z_row + h * sz_h + offs_p * sz_p, mask=mask_p, other=0.0).to(tl.float32)
+                        y = y * (zv * tl.sigmoid(zv))
+                    tl.store(o_row + h * so_h + offs_p * so_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
+                    tl.store(xb_row + h * sxb_h + c * sxb_l + offs_p * sxb_p, xcb, mask=mask_p)
+                    if pb == 0:
+                        tl.store(db_row + h * sdb_h + c * sdb_l, d.to(dtbuf_ptr.dtype.element_ty))
         else:
             # ---------------- output-only route ----------------
-            # bc_j = B_j . C for the buffered entries and the current token (slot c), once.
+            # bc_j = B_j . C for the buffered entries and the current token (slot c), once per
+            # program for all its heads.
+            offs_n = tl.arange(0, BLOCK_N)
             bc = tl.zeros([BLOCK_L], dtype=tl.float32)
             for n0 in range(0, N, BLOCK_N):
                 nn = n0 + offs_n
                 mn = nn < N
-                cv = tl.load(C_row + nn * sC_n, mask=mn, other=0.0).to(tl.float32)
+                cvn = tl.load(C_row + nn * sC_n, mask=mn, other=0.0).to(tl.float32)
                 bw = tl.load(Bb_row + offs_l[:, None] * sBb_l + nn[None, :] * sBb_n,
                              mask=valid_l[:, None] & mn[None, :], other=0.0)
                 bcur = tl.load(B_row + nn * sB_n, mask=mn, other=0.0).to(Bbuf_ptr.dtype.element_ty)
                 bw = tl.where(cur_l[:, None], bcur[None, :], bw).to(tl.float32)
-                bc += tl.sum(bw * cv[None, :], 1)
+                bc += tl.sum(bw * cvn[None, :], 1)
 
-            for i in range(0, nh):
-                h = h0 + i
-                s_h = state_ptr + b * ss_b + h * ss_h
-                # S0 . C, streamed over the state dim
-                acc = tl.zeros([BLOCK_P], dtype=tl.float32)
-                for n0 in range(0, N, BLOCK_N):
-                    nn = n0 + offs_n
-                    mn = nn < N
-                    s0 = tl.load(s_h + offs_p[:, None] * ss_p + nn[None, :] * ss_n,
-                                 mask=mask_p[:, None] & mn[None, :], other=0.0).to(tl.float32)
-                    cv = tl.load(C_row + nn * sC_n, mask=mn, other=0.0).to(tl.float32)
-                    acc += tl.sum(s0 * cv[None, :], 1)
+            if BLOCK_N >= N:
+                mn = offs_n < N
+                m2 = mask_p[:, None] & mn[None, :]
+                s_rel = offs_p[:, None] * ss_p + offs_n[None, :] * ss_n
+                cv = tl.load(C_row + offs_n * sC_n, mask=mn, other=0.0).to(tl.float32)
+                h = h0
+                s_t = tl.load(st_row + h * ss_h + s_rel, mask=m2, other=0.0)
+                xw_t = tl.load(xb_row + h * sxb_h + x_rel, mask=mx, other=0.0)
+                dtw_t = tl.load(db_row + h * sdb_h + offs_l * sdb_l, mask=valid_l, other=0.0)
+                xc_t = tl.load(x_row + h * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
+                dr_t = tl.load(dt_row + h * sdt_h)
+                for i in range(0, nh):
+                    h = h0 + i
+                    hn = h + 1
+                    ok = (tl.zeros([], dtype=tl.int32) + i + 1) < nh
+                    okp = (tl.zeros([BLOCK_P], dtype=tl.int32) + i + 1) < nh  # vector masks (the interpreter
+                    okl = (tl.zeros([BLOCK_L], dtype=tl.int32) + i + 1) < nh  # mis-types bool & 0-d bool)
+                    # next head's loads first, so they are in flight while this head computes
+                    s_n = tl.load(st_row + hn * ss_h + s_rel, mask=m2 & okp[:, None], other=0.0)
+                    xw_n = tl.load(xb_row + hn * sxb_h + x_rel, mask=mx & okp[None, :], other=0.0)
+                    dtw_n = tl.load(db_row + hn * sdb_h + offs_l * sdb_l, mask=valid_l & okl, other=0.0)
+                    xc_n = tl.load(x_row + hn * sx_h + offs_p * sx_p, mask=mask_p & okp, other=0.0)
+                    dr_n = tl.load(dt_row + hn * sdt_h, mask=ok, other=0.0)
 
-                a_h = tl.load(A_ptr + h * sA).to(tl.float32)
-                d = tl.load(dt_ptr + b * sdt_b + h * sdt_h).to(tl.float32)
-                if HAS_DT_BIAS:
-                    d += tl.load(dtbias_ptr + h * sdtb).to(tl.float32)
-                if DT_SOFTPLUS:
-                    d = _softplus(d)
-                dtw = tl.load(dtbuf_ptr + b * sdb_b + h * sdb_h + offs_l * sdb_l, mask=valid_l, other=0.0)
-                dtw = tl.where(cur_l, d, dtw.to(tl.float32))
-                pcum = tl.cumsum(dtw, 0)
-                p_c = tl.sum(tl.where(cur_l, pcum, 0.0), 0)
-                w = dtw * tl.exp(tl.minimum(a_h * (p_c - pcum), 0.0))
-                abar = tl.exp(tl.minimum(a_h * p_c, 0.0))
+                    acc = tl.sum(s_t.to(tl.float32) * cv[None, :], 1)  # S0 . C
+                    a_h = tl.load(A_ptr + h * sA).to(tl.float32)
+                    d = _process_dt(dr_t, dtbias_ptr, h, sdtb, HAS_DT_BIAS, DT_SOFTPLUS)
+                    w, abar = _window_weights(dtw_t, d, cur_l, a_h)
+                    xcb = xc_t.to(xbuf_ptr.dtype.element_ty)
+                    xw = tl.where(cur_l[:, None], xcb[None, :], xw_t).to(tl.float32)
+                    y = abar * acc + tl.sum((w * bc)[:, None] * xw, 0)
+                    if HAS_D:
+                        y += tl.load(D_ptr + h * sD).to(tl.float32) * xc_t.to(tl.float32)
+                    if HAS_Z:
+                        zv = tl.load(z_row + h * sz_h + offs_p * sz_p, mask=mask_p, other=0.0).to(tl.float32)
+                        y = y * (zv * tl.sigmoid(zv))
+                    tl.store(o_row + h * so_h + offs_p * so_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
+                    tl.store(xb_row + h * sxb_h + c * sxb_l + offs_p * sxb_p, xcb, mask=mask_p)
+                    if pb == 0:
+                        tl.store(db_row + h * sdb_h + c * sdb_l, d.to(dtbuf_ptr.dtype.element_ty))
+                    s_t = s_n
+                    xw_t = xw_n
+                    dtw_t = dtw_n
+                    xc_t = xc_n
+                    dr_t = dr_n
+            else:
+                for i in range(0, nh):
+                    h = h0 + i
+                    dtw = tl.load(db_row + h * sdb_h + offs_l * sdb_l, mask=valid_l, other=0.0)
+                    xc = tl.load(x_row + h * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
+                    xw = tl.load(xb_row + h * sxb_h + x_rel, mask=mx, other=0.0)
+                    acc = tl.zeros([BLOCK_P], dtype=tl.float32)
+                    for n0 in range(0, N, BLOCK_N):
+                        nn = n0 + offs_n
+                        mn = nn < N
+                        s0 = tl.load(st_row + h * ss_h + offs_p[:, None] * ss_p + nn[None, :] * ss_n,
+                                     mask=mask_p[:, None] & mn[None, :], other=0.0).to(tl.float32)
+                        cvn = tl.load(C_row + nn * sC_n, mask=mn, other=0.0).to(tl.float32)
+                        acc += tl.sum(s0 * cvn[None, :], 1)
+                    a_h = tl.load(A_ptr + h * sA).to(tl.float32)
+                    d = _process_dt(tl.load(dt_row + h * sdt_h), dtbias_ptr, h, sdtb, HAS_DT_BIAS, DT_SOFTPLUS)
+                    w, abar = _window_weights(dtw, d, cur_l, a_h)
+                    xcb = xc.to(xbuf_ptr.dtype.element_ty)
+                    xw = tl.where(cur_l[:, None], xcb[None, :], xw).to(tl.float32)
+                    y = abar * acc + tl.sum((w * bc)[:, None] * xw, 0)
+                    if HAS_D:
+                        y += tl.load(D_ptr + h * sD).to(tl.float32) * xc.to(tl.float32)
+                    if HAS_Z:
+                        zv = tl.load(z_row + h * sz_h + offs_p * sz_p, mask=mask_p, other=0.0).to(tl.float32)
+                        y = y * (zv * tl.sigmoid(zv))
+                    tl.store(o_row + h * so_h + offs_p * so_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
+                    tl.store(xb_row + h * sxb_h + c * sxb_l + offs_p * sxb_p, xcb, mask=mask_p)
+                    if pb == 0:
+                        tl.store(db_row + h * sdb_h + c * sdb_l, d.to(dtbuf_ptr.dtype.element_ty))
 
-                xc = tl.load(x_ptr + b * sx_b + h * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
-                xcb = xc.to(xbuf_ptr.dtype.element_ty)
-                xh = xb_row + h * sxb_h
-                xw = tl.load(xh + offs_l[:, None] * sxb_l + offs_p[None, :] * sxb_p,
-                             mask=valid_l[:, None] & mask_p[None, :], other=0.0)
-                xw = tl.where(cur_l[:, None], xcb[None, :], xw).to(tl.float32)  # (BLOCK_L, BLOCK_P)
-                y = abar * acc + tl.sum((w * bc)[:, None] * xw, 0)
-                if HAS_D:
-                    y += tl.load(D_ptr + h * sD).to(tl.float32) * xc.to(tl.float32)
-                if HAS_Z:
-                    zv = tl.load(z_ptr + b * sz_b + h * sz_h + offs_p * sz_p, mask=mask_p, other=0.0).to(tl.float32)
-                    y = y * (zv * tl.sigmoid(zv))
-                tl.store(out_ptr + b * so_b + h * so_h + offs_p * so_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
-                tl.store(xh + c * sxb_l + offs_p * sxb_p, xcb, mask=mask_p)
-                if pb == 0:
-                    tl.store(dtbuf_ptr + b * sdb_b + h * sdb_h + c * sdb_l, d.to(dtbuf_ptr.dtype.element_ty))
+        # Append the current B (one program per row and group; nobody reads slot c).
+        if (hc == 0) & (pb == 0):
+            offs_n2 = tl.arange(0, BLOCK_N)
+            for n0 in range(0, N, BLOCK_N):
+                nn = n0 + offs_n2
+                mn = nn < N
+                bcur = tl.load(B_row + nn * sB_n, mask=mn, other=0.0)
+                tl.store(Bb_row + c * sBb_l + nn * sBb_n, bcur.to(Bbuf_ptr.dtype.element_ty), mask=mn)
 
     if ADVANCE:
-        # Last program of this row to arrive advances the cursor. The barrier makes every
-        # thread's read of the cursor precede the (release) arrival.
-        tl.debug_barrier()
-        old = tl.atomic_add(cnt_ptr + b, 1, sem="acq_rel")
-        if old == G * n_hc * n_pb - 1:
+        if arrived == G * n_hc * n_pb - 1:
             tl.store(cursor_ptr + b * s_cur, ((c + 1) % L).to(cursor_ptr.dtype.element_ty))
             tl.store(cnt_ptr + b, 0)
 

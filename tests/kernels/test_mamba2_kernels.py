@@ -73,6 +73,10 @@ def test_replay_split_and_kernel_advance_variants():
     for route, advance, cfg in (("split", "atomic", None), ("fused", "kernel", None), ("split", "atomic", small)):
         prob = Problem(3, 4, 16, 16, 2, 3, torch.float32, torch.float32, DEV, [2, 0, -1], seed=11)
         check_replay_trajectory(variant(route, advance, cfg), prob, steps=4)
+    # state dim in several tiles on both routes (N=40 in tiles of 16), two heads per program
+    tiles = make_replay_config(4, 16, 40, 2, 3, BLOCK_P=16, HC=2, BLOCK_N=16, BLOCK_NF=16)
+    prob = Problem(3, 4, 16, 40, 2, 3, torch.float32, torch.float32, DEV, [2, 0, 1], seed=12)
+    check_replay_trajectory(variant(None, None, tiles), prob, steps=4)
 
 
 def test_tolerance_catches_tf32_sized_drift():
