@@ -150,6 +150,56 @@ def _zamba():
                 layers_block_type=["linear_attention", "hybrid", "linear_attention", "hybrid"])
 
 
+def _glm5_next():
+    import transformers
+
+    from .errors import ModelSpecError
+
+    if not hasattr(transformers, "Glm5NextConfig"):
+        raise ModelSpecError(f"the installed transformers {transformers.__version__} has no Glm5NextConfig")
+    def text_config(attention):
+        return transformers.Glm5NextTextConfig(
+            **_COMMON, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, kv_lora_rank=16,
+            q_lora_rank=32, qk_rope_head_dim=0, qk_nope_head_dim=16, v_head_dim=16, index_topk=16, index_kpool=4,
+            index_head_dim=16, index_n_heads=2, linear_num_heads=4, linear_head_dim=16,
+            layer_types=_LIN3FULL[:3] + [attention], mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+            indexer_types=["full"] * 4)
+
+    try:
+        text = text_config("indexed_attention")  # 5.23+
+    except Exception:  # a ValueError, or huggingface_hub's strict-dataclass validation error
+        text = text_config("deepseek_sparse_attention")  # 5.17 names the same layer type so
+    vision = transformers.Glm5NextVisionConfig(depth=1, hidden_size=32, num_heads=2, intermediate_size=64,
+                                               out_hidden_size=HIDDEN, projection_intermediate_size=64)
+    return transformers.Glm5NextConfig(text_config=text.to_dict(), vision_config=vision.to_dict(),
+                                       tie_word_embeddings=False)
+
+
+def model_class_for(config):
+    """The transformers class that builds a generating model for ``config``.
+
+    ``AutoModelForCausalLM`` where it knows the config; otherwise the first class named in
+    ``config.architectures`` (e.g. GLM5-Next, which only has ``...ForConditionalGeneration``).
+    """
+    import transformers
+
+    try:
+        return transformers.AutoModelForCausalLM._model_mapping[type(config)]
+    except KeyError:
+        pass
+    for name in getattr(config, "architectures", None) or []:
+        cls = getattr(transformers, name, None)
+        if cls is not None:
+            return cls
+    if getattr(config, "model_type", None) == "glm5_next" and hasattr(transformers, "Glm5NextForConditionalGeneration"):
+        return transformers.Glm5NextForConditionalGeneration
+    from .errors import ModelSpecError
+
+    raise ModelSpecError(f"transformers {transformers.__version__} has no generating model class for "
+                         f"model_type {getattr(config, 'model_type', '?')!r}")
+
+
 #: model_type -> config builder. Order: Mamba-2 families, delta-rule families, Mamba-1 families.
 TINY_FAMILIES: dict[str, Callable[[], Any]] = {
     "mamba2": _mamba2,
@@ -165,6 +215,7 @@ TINY_FAMILIES: dict[str, Callable[[], Any]] = {
     "olmo_hybrid": _olmo_hybrid,
     "kimi_linear": _kimi_linear,
     "bailing_hybrid": _bailing_hybrid,
+    "glm5_next": _glm5_next,
     "mamba": _mamba,
     "falcon_mamba": _falcon_mamba,
     "jamba": _jamba,
@@ -218,13 +269,12 @@ def _slow_decays(model: torch.nn.Module) -> None:
 
 def build_tiny_model(spec: str, dtype: torch.dtype = torch.float32):
     """Build the tiny model in memory (deterministic: seed 0)."""
-    from transformers import AutoModelForCausalLM
-
     config = tiny_config(spec)
     state = torch.random.get_rng_state()
     try:
         torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        cls = model_class_for(config)
+        model = cls._from_config(config, dtype=torch.float32) if hasattr(cls, "_from_config") else cls(config)
         _slow_decays(model)
     finally:
         torch.random.set_rng_state(state)

@@ -7,7 +7,8 @@ import torch
 from replayssm.tiny import build_tiny_model
 
 MAMBA2_FAMILIES = ["mamba2", "nemotron_h", "bamba", "falcon_h1", "zamba2", "granitemoehybrid"]
-DELTA_FAMILIES = ["qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen4_exp", "olmo_hybrid", "kimi_linear", "bailing_hybrid"]
+DELTA_FAMILIES = ["qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen4_exp", "olmo_hybrid", "kimi_linear", "bailing_hybrid",
+                  "glm5_next"]
 
 _MODELS: dict[tuple[str, torch.dtype], torch.nn.Module] = {}
 

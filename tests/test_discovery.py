@@ -5,16 +5,16 @@ import torch
 import transformers
 
 from replayssm import find_ssm_layers
-from replayssm.tiny import TINY_FAMILIES, tiny_config
+from replayssm.tiny import TINY_FAMILIES, model_class_for, tiny_config
 
 MAMBA2 = ["mamba2", "nemotron_h", "bamba", "falcon_h1", "zamba2", "granitemoehybrid"]
 DELTA = {"qwen3_next": "gated_deltanet", "qwen3_5": "gated_deltanet", "qwen3_5_moe": "gated_deltanet",
          "qwen4_exp": "gated_deltanet", "olmo_hybrid": "gated_deltanet", "kimi_linear": "kda",
-         "bailing_hybrid": "kda"}
+         "bailing_hybrid": "kda", "glm5_next": "kda"}
 MAMBA1 = ["mamba", "falcon_mamba", "jamba", "zamba"]
 EXPECTED_COUNT = {"mamba2": 2, "nemotron_h": 2, "bamba": 3, "falcon_h1": 2, "zamba2": 4, "granitemoehybrid": 3,
                   "qwen3_next": 3, "qwen3_5": 3, "qwen3_5_moe": 3, "qwen4_exp": 3, "olmo_hybrid": 3,
-                  "kimi_linear": 3, "bailing_hybrid": 3, "mamba": 2, "falcon_mamba": 2, "jamba": 2, "zamba": 4}
+                  "kimi_linear": 3, "bailing_hybrid": 3, "glm5_next": 3, "mamba": 2, "falcon_mamba": 2, "jamba": 2, "zamba": 4}
 
 
 def meta_model(family):
@@ -23,7 +23,7 @@ def meta_model(family):
     except Exception as exc:  # family missing from this transformers version
         pytest.skip(f"{family}: {exc}")
     with torch.device("meta"):
-        return transformers.AutoModelForCausalLM.from_config(config)
+        return model_class_for(config)._from_config(config)
 
 
 @pytest.mark.parametrize("family", sorted(TINY_FAMILIES))

@@ -66,11 +66,13 @@ def _same(a, b):
 CASES = [
     # (name, Hk, HV, K, V, L, kda, kwargs)
     ("gdn-gva-L4", 2, 4, 20, 24, 4, False, {}),
-    ("gdn-gva-L4-route1-2vblocks", 2, 4, 20, 24, 4, False, dict(route=1, block_v=16)),
+    ("gdn-gva-L4-route0-lazy", 2, 4, 20, 24, 4, False, dict(route=0, eager=False)),
+    ("gdn-gva-L4-route1", 2, 4, 20, 24, 4, False, dict(route=1)),
     ("gdn-L3-ktiles", 1, 2, 40, 24, 3, False, dict(block_k=16)),
     ("gdn-L1", 2, 4, 20, 24, 1, False, {}),
     ("kda-L4", 2, 2, 20, 24, 4, True, {}),
     ("kda-L4-route1", 2, 2, 20, 24, 4, True, dict(route=1)),
+    ("kda-L4-route2-lazy-2vblocks", 2, 2, 20, 24, 4, True, dict(route=2, eager=False, block_v=16)),
     ("kda-L3-ktiles", 2, 2, 40, 24, 3, True, dict(block_k=16)),
 ]
 

@@ -1,0 +1,65 @@
+"""Helpers of the CLI tests (plain functions; the fixtures are in conftest.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+
+def cli_command() -> list[str]:
+    exe = shutil.which("replayssm")
+    return [exe] if exe else [sys.executable, "-m", "replayssm.cli"]
+
+
+def cli_env(tiny_cache: Path, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        REPLAYSSM_CACHE=str(tiny_cache),
+        OMP_NUM_THREADS="1",
+        COLUMNS="200",
+        HF_HUB_OFFLINE="1",
+        PYTHONIOENCODING="utf-8",
+        NO_COLOR="1",
+    )
+    for key in ("REPLAYSSM_DEBUG", "REPLAYSSM_TEST_HOOK", "FORCE_COLOR"):
+        env.pop(key, None)
+    env.update(extra)
+    return env
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """relative path -> sha256 of every file under ``root`` (plus mode bits), for before/after checks."""
+    digest = {}
+    for path in sorted(Path(root).rglob("*")):
+        if path.is_file():
+            h = hashlib.sha256(path.read_bytes()).hexdigest()
+            digest[str(path.relative_to(root))] = f"{h}:{oct(path.stat().st_mode)}"
+    return digest
+
+
+def file_sha(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def leftovers(parent: Path) -> list[str]:
+    """Entries under ``parent`` that a failed convert might have left (temporary dirs included)."""
+    return sorted(p.name for p in Path(parent).iterdir()) if Path(parent).exists() else []
+
+
+def parse_json(stdout: str) -> dict:
+    """stdout must be exactly one JSON object."""
+    return json.loads(stdout)
+
+
+def one_error(stderr: str) -> tuple[str, str | None]:
+    """The ``error:`` line and the ``hint:`` line of stderr, asserting there is no traceback."""
+    assert "Traceback" not in stderr, stderr
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("error: ")]
+    hints = [ln for ln in lines if ln.startswith("hint: ")]
+    assert len(errors) == 1, stderr
+    return errors[0], hints[0] if hints else None

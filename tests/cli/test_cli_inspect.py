@@ -1,0 +1,108 @@
+"""``replayssm inspect``: tiny specs, directories and hub ids, as a table and as JSON."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from cli_helpers import one_error, parse_json, tree_digest
+
+
+def test_inspect_tiny_table(run_cli, tiny_cache):
+    proc = run_cli("inspect", "tiny:nemotron_h")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "NemotronHForCausalLM" in out and "NemotronHMamba2Mixer" in out
+    assert "model.layers.0.mixer" in out and "model.layers.2.mixer" in out
+    assert "Mamba-2" in out and "H8 P16 N16 G2" in out
+    assert "8.0 KiB" in out  # 8 heads x 16 x 16 fp32 state per layer
+    assert "can be rewritten" in out
+    # meta device: inspecting a tiny spec writes no checkpoint
+    assert not any(tiny_cache.glob("tiny/nemotron_h-*"))
+
+
+def test_inspect_json_delta_rule_family(run_cli):
+    proc = run_cli("inspect", "tiny:qwen3_next", "--json", "--buffer-len", "8")
+    assert proc.returncode == 0, proc.stderr
+    info = parse_json(proc.stdout)
+    assert info["ok"] is True and info["model_type"] == "qwen3_next"
+    assert info["source"]["kind"] == "tiny" and info["buffer_len"] == 8
+    layers = info["layers"]
+    assert [row["name"] for row in layers] == [f"model.layers.{i}.linear_attn" for i in range(3)]
+    for row in layers:
+        assert row["kind"] == "gated_deltanet"
+        assert row["shapes"] == {"num_k_heads": 2, "num_v_heads": 4, "head_k_dim": 16, "head_v_dim": 16}
+        assert row["state_bytes"] == 4 * 16 * 16 * 4
+        assert {"class_name", "can_rewrite", "reason", "buffer_bytes"} <= set(row)
+    assert info["totals"]["state_bytes"] == sum(r["state_bytes"] for r in layers)
+
+
+def test_inspect_unsupported_layers_show_the_reason(run_cli):
+    proc = run_cli("inspect", "tiny:jamba")
+    assert proc.returncode == 0, proc.stderr
+    assert "Mamba-1" in proc.stdout
+    assert "✗" in proc.stdout and "not implemented" in proc.stdout
+
+
+def test_inspect_directory_reads_no_weights(run_cli, tiny_dir, tmp_path):
+    src = tmp_path / "ckpt"
+    shutil.copytree(tiny_dir("bamba"), src)
+    before = tree_digest(src)
+    proc = run_cli("inspect", src, "--json")
+    assert proc.returncode == 0, proc.stderr
+    info = parse_json(proc.stdout)
+    assert info["source"] == {"spec": str(src), "kind": "directory", "path": str(src)}
+    assert info["architecture"] == "BambaForCausalLM"
+    assert [r["name"] for r in info["layers"]] == ["model.layers.0.mamba", "model.layers.2.mamba",
+                                                   "model.layers.3.mamba"]
+    assert info["weights"]["ok"] is True and info["weights"]["files"] == 1
+    assert tree_digest(src) == before
+
+
+def test_inspect_hub_id_from_local_cache(run_cli, tiny_dir, tmp_path):
+    """A hub id resolves to its snapshot in the local HF cache, offline."""
+    hub = tmp_path / "hub"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = hub / "models--acme--tiny-falcon-h1"
+    shutil.copytree(tiny_dir("falcon_h1"), repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    env = {"HF_HUB_CACHE": str(hub), "HF_HOME": str(tmp_path / "hf-home")}
+    proc = run_cli("inspect", "acme/tiny-falcon-h1", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    info = parse_json(proc.stdout)
+    assert info["source"]["kind"] == "hub"
+    assert info["architecture"] == "FalconH1ForCausalLM"
+    proc = run_cli("inspect", "acme/not-downloaded", env=env)
+    assert proc.returncode == 2
+    error, hint = one_error(proc.stderr)
+    assert "acme/not-downloaded" in error and "local Hugging Face cache" in error
+    assert hint and "download" in hint
+
+
+def test_inspect_every_tiny_family_on_meta_device(monkeypatch):
+    """In-process (a subprocess per family adds nothing): every tiny family inspects, no checkpoint written."""
+    from replayssm.cli.cmd_inspect import describe
+    from replayssm.tiny import TINY_FAMILIES
+
+    def no_materialize(*args, **kwargs):
+        raise AssertionError("inspect must not write a tiny checkpoint")
+
+    monkeypatch.setattr("replayssm.resolve.materialize_tiny", no_materialize)
+    for family in TINY_FAMILIES:
+        info = describe(f"tiny:{family}")
+        assert info["architecture"].endswith("ForCausalLM"), family
+        assert info["layers"], family
+        for row in info["layers"]:
+            assert row["state_bytes"] > 0, (family, row)
+            assert row["can_rewrite"] or row["reason"], (family, row)
+
+
+@pytest.mark.parametrize("spec", ["tiny:mamba", "tiny:falcon_mamba", "tiny:zamba"])
+def test_mamba1_families_are_found_but_not_rewritable(spec):
+    from replayssm.cli.cmd_inspect import describe
+
+    info = describe(spec)
+    assert info["rewritable"] == 0
+    assert all(row["kind"] == "mamba1" and row["reason"] for row in info["layers"])
