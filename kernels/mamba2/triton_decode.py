@@ -91,7 +91,7 @@ def _mamba2_replay_kernel(
     so_b, so_h, so_p,
     HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     ZERO_IDLE: tl.constexpr, ROUTE: tl.constexpr, ADVANCE: tl.constexpr, DOT_LOWP: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    DOT_PREC: tl.constexpr, EARLY_LOAD: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NF: tl.constexpr, BLOCK_L: tl.constexpr,
 ):
     # ROUTE 0: both routes (runtime branch per row); 1: output-only route only (flush rows
@@ -111,6 +111,12 @@ def _mamba2_replay_kernel(
     mask_p = offs_p < P
     h0 = g * HPG + hc * HC
     nh = tl.minimum(HC, HPG - hc * HC)
+    if EARLY_LOAD:
+        # small batches are latency-bound: start the first checkpoint tile's load before
+        # the cursor is known (it is only used on the output-only route)
+        offs_n0 = tl.arange(0, BLOCK_N)
+        s_early = tl.load(state_ptr + b * ss_b + h0 * ss_h + offs_p[:, None] * ss_p + offs_n0[None, :] * ss_n,
+                          mask=(offs_p < P)[:, None] & (offs_n0 < N)[None, :], other=0.0)
 
     if c < 0:
         # idle row: nothing read or written (except zeros into a freshly allocated out)
@@ -162,47 +168,69 @@ def _mamba2_replay_kernel(
 
         if run_flush:
             # ---------------- state-and-output route (flush) ----------------
+            # One loop over (head, state-dim tile) pairs; every load of the next pair (its
+            # checkpoint tile, and the head's buffer window when the head changes) is issued
+            # before the current pair is computed, so the tile loads overlap the tl.dot work.
             offs_nf = tl.arange(0, BLOCK_NF)
-            if BLOCK_NF >= N:
-                mn = offs_nf < N
-                m2 = mask_p[:, None] & mn[None, :]
-                s_rel = offs_p[:, None] * ss_p + offs_nf[None, :] * ss_n
-                bw = tl.load(Bb_row + offs_l[:, None] * sBb_l + offs_nf[None, :] * sBb_n,
-                             mask=valid_l[:, None] & mn[None, :], other=0.0)
-                bcur = tl.load(B_row + offs_nf * sB_n, mask=mn, other=0.0).to(Bbuf_ptr.dtype.element_ty)
-                bw = tl.where(cur_l[:, None], bcur[None, :], bw).to(tl.float32)  # (BLOCK_L, BLOCK_NF)
-                cv = tl.load(C_row + offs_nf * sC_n, mask=mn, other=0.0).to(tl.float32)
-                h = h0
-                s_t = tl.load(st_row + h * ss_h + s_rel, mask=m2, other=0.0)
-                xw_t = tl.load(xb_row + h * sxb_h + x_rel, mask=mx, other=0.0)
-                dtw_t = tl.load(db_row + h * sdb_h + offs_l * sdb_l, mask=valid_l, other=0.0)
-                xc_t = tl.load(x_row + h * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
-                dr_t = tl.load(dt_row + h * sdt_h)
-                for i in range(0, nh):
-                    h = h0 + i
-                    hn = h + 1
-                    ok = (tl.zeros([], dtype=tl.int32) + i + 1) < nh
-                    okp = (tl.zeros([BLOCK_P], dtype=tl.int32) + i + 1) < nh  # vector masks (the interpreter
-                    okl = (tl.zeros([BLOCK_L], dtype=tl.int32) + i + 1) < nh  # mis-types bool & 0-d bool)
-                    s_n = tl.load(st_row + hn * ss_h + s_rel, mask=m2 & okp[:, None], other=0.0)
-                    xw_n = tl.load(xb_row + hn * sxb_h + x_rel, mask=mx & okp[None, :], other=0.0)
-                    dtw_n = tl.load(db_row + hn * sdb_h + offs_l * sdb_l, mask=valid_l & okl, other=0.0)
-                    xc_n = tl.load(x_row + hn * sx_h + offs_p * sx_p, mask=mask_p & okp, other=0.0)
-                    dr_n = tl.load(dt_row + hn * sdt_h, mask=ok, other=0.0)
+            NT = tl.cdiv(N, BLOCK_NF)
+            total = nh * NT
+            s_rel = offs_p[:, None] * ss_p + offs_nf[None, :] * ss_n
+            b_rel = offs_l[:, None] * sBb_l + offs_nf[None, :] * sBb_n
+            mb = valid_l[:, None]
+            h = h0
+            mn = offs_nf < N
+            s_t = tl.load(st_row + h * ss_h + s_rel, mask=mask_p[:, None] & mn[None, :], other=0.0)
+            bw_t = tl.load(Bb_row + b_rel, mask=mb & mn[None, :], other=0.0)
+            bc_t = tl.load(B_row + offs_nf * sB_n, mask=mn, other=0.0)
+            cv_t = tl.load(C_row + offs_nf * sC_n, mask=mn, other=0.0)
+            xw_t = tl.load(xb_row + h * sxb_h + x_rel, mask=mx, other=0.0)
+            dtw_t = tl.load(db_row + h * sdb_h + offs_l * sdb_l, mask=valid_l, other=0.0)
+            xc_t = tl.load(x_row + h * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
+            dr_t = tl.load(dt_row + h * sdt_h)
+            acc_y = tl.zeros([BLOCK_P], dtype=tl.float32)
+            for t in range(0, total):
+                i = t // NT
+                k = t - i * NT
+                h = h0 + i
+                nn = k * BLOCK_NF + offs_nf
+                mn = nn < N
+                # next pair's loads (masked off past the end)
+                t1 = t + 1
+                i1 = t1 // NT
+                h1 = h0 + i1
+                nn1 = (t1 - i1 * NT) * BLOCK_NF + offs_nf
+                okp = (tl.zeros([BLOCK_P], dtype=tl.int32) + t1) < total
+                okl = (tl.zeros([BLOCK_L], dtype=tl.int32) + t1) < total
+                okn = (tl.zeros([BLOCK_NF], dtype=tl.int32) + t1) < total
+                mn1 = (nn1 < N) & okn
+                s_n = tl.load(st_row + h1 * ss_h + offs_p[:, None] * ss_p + nn1[None, :] * ss_n,
+                              mask=(mask_p & okp)[:, None] & mn1[None, :], other=0.0)
+                bw_n = tl.load(Bb_row + offs_l[:, None] * sBb_l + nn1[None, :] * sBb_n, mask=mb & mn1[None, :],
+                               other=0.0)
+                bc_n = tl.load(B_row + nn1 * sB_n, mask=mn1, other=0.0)
+                cv_n = tl.load(C_row + nn1 * sC_n, mask=mn1, other=0.0)
+                xw_n = tl.load(xb_row + h1 * sxb_h + x_rel, mask=mx & okp[None, :], other=0.0)
+                dtw_n = tl.load(db_row + h1 * sdb_h + offs_l * sdb_l, mask=valid_l & okl, other=0.0)
+                xc_n = tl.load(x_row + h1 * sx_h + offs_p * sx_p, mask=mask_p & okp, other=0.0)
+                dr_n = tl.load(dt_row + h1 * sdt_h, mask=t1 < total, other=0.0)
 
-                    a_h = tl.load(A_ptr + h * sA).to(tl.float32)
-                    d = _process_dt(dr_t, dtbias_ptr, h, sdtb, HAS_DT_BIAS, DT_SOFTPLUS)
-                    w, abar = _window_weights(dtw_t, d, cur_l, a_h)
-                    xcb = xc_t.to(xbuf_ptr.dtype.element_ty)
-                    xw = tl.where(cur_l[:, None], xcb[None, :], xw_t)  # (BLOCK_L, BLOCK_P), buffer dtype
-                    wb = w[:, None] * bw
-                    if DOT_LOWP:
-                        upd = tl.dot(tl.trans(xw), wb.to(xbuf_ptr.dtype.element_ty), out_dtype=tl.float32)
-                    else:
-                        upd = tl.dot(tl.trans(xw.to(tl.float32)), wb, input_precision=DOT_PREC, out_dtype=tl.float32)
-                    s_new = abar * s_t.to(tl.float32) + upd
-                    tl.store(st_row + h * ss_h + s_rel, s_new.to(state_ptr.dtype.element_ty), mask=m2)
-                    y = tl.sum(s_new * cv[None, :], 1)
+                a_h = tl.load(A_ptr + h * sA).to(tl.float32)
+                d = _process_dt(dr_t, dtbias_ptr, h, sdtb, HAS_DT_BIAS, DT_SOFTPLUS)
+                w, abar = _window_weights(dtw_t, d, cur_l, a_h)
+                xcb = xc_t.to(xbuf_ptr.dtype.element_ty)
+                xw = tl.where(cur_l[:, None], xcb[None, :], xw_t)  # (BLOCK_L, BLOCK_P), buffer dtype
+                bw = tl.where(cur_l[:, None], bc_t.to(Bbuf_ptr.dtype.element_ty)[None, :], bw_t).to(tl.float32)
+                wb = w[:, None] * bw  # (BLOCK_L, BLOCK_NF)
+                if DOT_LOWP:
+                    upd = tl.dot(tl.trans(xw), wb.to(xbuf_ptr.dtype.element_ty), out_dtype=tl.float32)
+                else:
+                    upd = tl.dot(tl.trans(xw.to(tl.float32)), wb, input_precision=DOT_PREC, out_dtype=tl.float32)
+                s_new = abar * s_t.to(tl.float32) + upd
+                tl.store(st_row + h * ss_h + offs_p[:, None] * ss_p + nn[None, :] * ss_n,
+                         s_new.to(state_ptr.dtype.element_ty), mask=mask_p[:, None] & mn[None, :])
+                acc_y += tl.sum(s_new * cv_t.to(tl.float32)[None, :], 1)
+                if k == NT - 1:  # the head's last tile: output and appends
+                    y = acc_y
                     if HAS_D:
                         y += tl.load(D_ptr + h * sD).to(tl.float32) * xc_t.to(tl.float32)
                     if HAS_Z:
@@ -212,54 +240,15 @@ def _mamba2_replay_kernel(
                     tl.store(xb_row + h * sxb_h + c * sxb_l + offs_p * sxb_p, xcb, mask=mask_p)
                     if pb == 0:
                         tl.store(db_row + h * sdb_h + c * sdb_l, d.to(dtbuf_ptr.dtype.element_ty))
-                    s_t = s_n
-                    xw_t = xw_n
-                    dtw_t = dtw_n
-                    xc_t = xc_n
-                    dr_t = dr_n
-            else:
-                for i in range(0, nh):
-                    h = h0 + i
-                    a_h = tl.load(A_ptr + h * sA).to(tl.float32)
-                    dtw = tl.load(db_row + h * sdb_h + offs_l * sdb_l, mask=valid_l, other=0.0)
-                    xc = tl.load(x_row + h * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
-                    xw = tl.load(xb_row + h * sxb_h + x_rel, mask=mx, other=0.0)
-                    d = _process_dt(tl.load(dt_row + h * sdt_h), dtbias_ptr, h, sdtb, HAS_DT_BIAS, DT_SOFTPLUS)
-                    w, abar = _window_weights(dtw, d, cur_l, a_h)
-                    xcb = xc.to(xbuf_ptr.dtype.element_ty)
-                    xT = tl.trans(tl.where(cur_l[:, None], xcb[None, :], xw))  # (BLOCK_P, BLOCK_L)
-                    if not DOT_LOWP:
-                        xT = xT.to(tl.float32)
-                    acc = tl.zeros([BLOCK_P], dtype=tl.float32)
-                    for n0 in range(0, N, BLOCK_NF):
-                        nn = n0 + offs_nf
-                        mn = nn < N
-                        bw = tl.load(Bb_row + offs_l[:, None] * sBb_l + nn[None, :] * sBb_n,
-                                     mask=valid_l[:, None] & mn[None, :], other=0.0)
-                        bcur = tl.load(B_row + nn * sB_n, mask=mn, other=0.0).to(Bbuf_ptr.dtype.element_ty)
-                        bw = tl.where(cur_l[:, None], bcur[None, :], bw).to(tl.float32)
-                        wb = w[:, None] * bw
-                        sp = st_row + h * ss_h + offs_p[:, None] * ss_p + nn[None, :] * ss_n
-                        m2 = mask_p[:, None] & mn[None, :]
-                        s0 = tl.load(sp, mask=m2, other=0.0).to(tl.float32)
-                        if DOT_LOWP:
-                            upd = tl.dot(xT, wb.to(xbuf_ptr.dtype.element_ty), out_dtype=tl.float32)
-                        else:
-                            upd = tl.dot(xT, wb, input_precision=DOT_PREC, out_dtype=tl.float32)
-                        s_new = abar * s0 + upd
-                        tl.store(sp, s_new.to(state_ptr.dtype.element_ty), mask=m2)
-                        cv = tl.load(C_row + nn * sC_n, mask=mn, other=0.0).to(tl.float32)
-                        acc += tl.sum(s_new * cv[None, :], 1)
-                    y = acc
-                    if HAS_D:
-                        y += tl.load(D_ptr + h * sD).to(tl.float32) * xc.to(tl.float32)
-                    if HAS_Z:
-                        zv = tl.load(z_row + h * sz_h + offs_p * sz_p, mask=mask_p, other=0.0).to(tl.float32)
-                        y = y * (zv * tl.sigmoid(zv))
-                    tl.store(o_row + h * so_h + offs_p * so_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
-                    tl.store(xb_row + h * sxb_h + c * sxb_l + offs_p * sxb_p, xcb, mask=mask_p)
-                    if pb == 0:
-                        tl.store(db_row + h * sdb_h + c * sdb_l, d.to(dtbuf_ptr.dtype.element_ty))
+                acc_y = tl.where((tl.zeros([BLOCK_P], dtype=tl.int32) + k) == NT - 1, 0.0, acc_y)
+                s_t = s_n
+                bw_t = bw_n
+                bc_t = bc_n
+                cv_t = cv_n
+                xw_t = xw_n
+                dtw_t = dtw_n
+                xc_t = xc_n
+                dr_t = dr_n
         else:
             # ---------------- output-only route ----------------
             # bc_j = B_j . C for the buffered entries and the current token (slot c), once per
@@ -282,7 +271,10 @@ def _mamba2_replay_kernel(
                 s_rel = offs_p[:, None] * ss_p + offs_n[None, :] * ss_n
                 cv = tl.load(C_row + offs_n * sC_n, mask=mn, other=0.0).to(tl.float32)
                 h = h0
-                s_t = tl.load(st_row + h * ss_h + s_rel, mask=m2, other=0.0)
+                if EARLY_LOAD:
+                    s_t = s_early
+                else:
+                    s_t = tl.load(st_row + h * ss_h + s_rel, mask=m2, other=0.0)
                 xw_t = tl.load(xb_row + h * sxb_h + x_rel, mask=mx, other=0.0)
                 dtw_t = tl.load(db_row + h * sdb_h + offs_l * sdb_l, mask=valid_l, other=0.0)
                 xc_t = tl.load(x_row + h * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
@@ -408,7 +400,7 @@ def _pow2(v: int) -> int:
 
 def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC: int, BLOCK_N: int | None = None,
                        BLOCK_NF: int | None = None, num_warps: int = 4, num_stages: int = 1, route: str = "fused",
-                       advance: str = "atomic", flush: dict | None = None) -> dict:
+                       advance: str = "atomic", flush: dict | None = None, early_load: bool = False) -> dict:
     """A complete launch configuration from its free knobs (``flush``: knobs of the flush launch of ``route='split'``)."""
     HPG = H // G
     if BLOCK_N is None:
@@ -418,7 +410,7 @@ def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC:
     HC = triton.cdiv(HPG, n_hc)
     cfg = dict(BLOCK_P=int(BLOCK_P), BLOCK_N=int(BLOCK_N), BLOCK_NF=int(BLOCK_NF or min(BLOCK_N, 64)),
                BLOCK_L=max(16, _pow2(L)), HC=HC, n_hc=n_hc, n_pb=triton.cdiv(P, BLOCK_P), num_warps=int(num_warps),
-               num_stages=int(num_stages), route=route, advance=advance)
+               num_stages=int(num_stages), route=route, advance=advance, early_load=bool(early_load))
     if route == "split":
         f = dict(BLOCK_P=max(16, cfg["BLOCK_P"]), HC=HC, num_warps=num_warps, num_stages=num_stages,
                  BLOCK_NF=cfg["BLOCK_NF"])
@@ -427,7 +419,7 @@ def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC:
                                 f["num_stages"])
         cfg["flush"] = {k: fc[k] for k in ("BLOCK_P", "BLOCK_NF", "HC", "n_hc", "n_pb", "num_warps", "num_stages")}
     elif cfg["BLOCK_P"] < 16:
-        raise ValueError("the flush route's tl.dot needs BLOCK_P >= 16 (use route='split' for smaller lane blocks)")
+        raise ValueError("the flush route's tl.dot needs BLOCK_P >= 16")
     return cfg
 
 
@@ -448,10 +440,9 @@ def replay_config(Bt: int, H: int, P: int, N: int, G: int, L: int, state_bytes: 
     # Flush tile over the state dim: keep the tl.dot's operands and accumulator small so the
     # runtime-branched kernel needs no more registers than the output-only route.
     BLOCK_L = max(16, _pow2(L))
-    lowp = state_bytes == 2 and act_bytes == 2
-    BLOCK_NF = (64 if lowp else 32) * 16 // BLOCK_L
-    BLOCK_NF = max(16, min(BLOCK_N, BLOCK_NF * 32 // BLOCK_P))
-    return make_replay_config(H, P, N, G, L, BLOCK_P, HC, BLOCK_N, BLOCK_NF, num_warps=4, num_stages=1)
+    BLOCK_NF = max(16, min(BLOCK_N, 32 * 16 // BLOCK_L))
+    return make_replay_config(H, P, N, G, L, BLOCK_P, HC, BLOCK_N, BLOCK_NF, num_warps=4, num_stages=1,
+                              early_load=Bt <= 4)
 
 
 def _interpreting() -> bool:
@@ -514,7 +505,7 @@ def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor
             *(z.stride() if z is not None else (0, 0, 0)), *out.stride(),
             HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None, HAS_Z=z is not None,
             DT_SOFTPLUS=bool(dt_softplus), ZERO_IDLE=bool(zero), ROUTE=route_id, ADVANCE=advance_here,
-            DOT_LOWP=lowp, DOT_PREC=prec,
+            DOT_LOWP=lowp, DOT_PREC=prec, EARLY_LOAD=bool(c.get("early_load", False)) and c["BLOCK_N"] >= N,
             BLOCK_P=c["BLOCK_P"], BLOCK_N=c["BLOCK_N"], BLOCK_NF=c["BLOCK_NF"], BLOCK_L=c["BLOCK_L"],
             num_warps=c["num_warps"], num_stages=c["num_stages"],
         )
