@@ -11,8 +11,8 @@ from typing import Any
 from rich.console import Console
 
 #: results (tables, check lines, JSON) go to stdout; progress bars and errors to stderr
-out = Console(highlight=False, soft_wrap=False)
-err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 class StateDtype(str, Enum):

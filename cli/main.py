@@ -24,13 +24,14 @@ from .common import err, print_json, quiet_environment
 EXIT_OK = 0
 EXIT_FAILED = 1  # validation failed, or an unexpected internal error
 EXIT_USAGE = 2  # invalid arguments or options, unusable input, refused output
-EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT); SIGTERM gives 143
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT)
+EXIT_TERMINATED = 143  # SIGTERM
 DEBUG_ENV = "REPLAYSSM_DEBUG"
 
 EXIT_CODES_HELP = (
     "[bold]Exit codes[/bold]: 0 success · 1 validation failed or internal error · "
     "2 invalid usage, input or output (missing/corrupt checkpoint, no SSM layers, unsupported layer, "
-    "existing OUT_DIR, out of disk) · 130 interrupted (Ctrl-C). "
+    "existing OUT_DIR, out of disk) · 130 interrupted (Ctrl-C) · 143 terminated (SIGTERM). "
     "Errors print one line and a hint; --debug or REPLAYSSM_DEBUG=1 adds the traceback."
 )
 
@@ -155,6 +156,10 @@ def main(argv: Sequence[str], *, debug: bool = False) -> int:
     except _click_classes("ClickException") as exc:
         _report(exc.format_message(), None, json_mode=json_mode, code=EXIT_USAGE, kind=type(exc).__name__)
         return EXIT_USAGE
+    except Terminated as exc:
+        _report(interrupted.replace("interrupted", "terminated"), None, json_mode=json_mode, code=exc.exit_code,
+                kind="Terminated")
+        return exc.exit_code
     except KeyboardInterrupt:
         if debug:
             _traceback()
@@ -191,9 +196,16 @@ def main(argv: Sequence[str], *, debug: bool = False) -> int:
     return code
 
 
+class Terminated(BaseException):
+    """Raised in the main thread on SIGTERM; unwinds like Ctrl-C, removing temporary output."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.exit_code = 128 + signum
+
+
 def _on_sigterm(signum, frame) -> None:  # noqa: ARG001
-    # unwinds like Ctrl-C, so temporary output is removed on the way out
-    raise SystemExit(128 + signum)
+    raise Terminated(signum)
 
 
 def run(argv: Sequence[str] | None = None) -> NoReturn:
@@ -210,6 +222,11 @@ def run(argv: Sequence[str] | None = None) -> NoReturn:
         head = [a for a in head if a != "--debug"]
     args = head + tail
     quiet_environment()
+    for stream in (sys.stdout, sys.stderr):  # a non-UTF-8 terminal gets "?" for ✓, not a crash
+        try:
+            stream.reconfigure(errors="replace")
+        except (AttributeError, ValueError):
+            pass
     if not debug:
         import warnings
 
@@ -221,4 +238,4 @@ def run(argv: Sequence[str] | None = None) -> NoReturn:
     sys.exit(main(args, debug=debug))
 
 
-__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "app", "main", "run"]
+__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_TERMINATED", "EXIT_USAGE", "app", "main", "run"]

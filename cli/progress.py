@@ -35,7 +35,8 @@ class RichProgress(ProgressHooks):
     """Draws one bar per task; use as a context manager around the work."""
 
     def __init__(self, enabled: bool = True):
-        self.enabled = enabled
+        # bars are for people at a terminal; logs and pipes get the result lines only
+        self.enabled = enabled and err.is_terminal
         self._bars: Progress | None = None
         self._tasks: dict[str, TaskID] = {}
 

@@ -40,7 +40,7 @@ SAFE_INDEX_NAME = "model.safetensors.index.json"
 #: the largest safetensors header the safetensors library accepts
 MAX_HEADER_BYTES = 100_000_000
 #: bytes copied per step (the only buffer the copy holds)
-COPY_CHUNK = 8 * 1024 * 1024
+COPY_CHUNK = 4 * 1024 * 1024
 #: space kept free on the output disk beyond the files themselves
 DISK_RESERVE = 16 * 1024 * 1024
 

@@ -4,12 +4,18 @@ Every subprocess gets ``REPLAYSSM_CACHE`` pointing at the session's cache (the t
 checkpoints are written once, in-process, before any subprocess needs them), one CPU
 thread (tiny models gain nothing from more, and threads fight on a busy CI box), a wide
 terminal for readable tables, and offline Hugging Face settings.
+
+Each console-script start imports torch and transformers' modelling code (several
+seconds), so modules start their independent subprocesses together through
+``cli_batch`` (as many at a time as there are CPU cores) and their tests then read the
+results; the tests themselves stay one check each.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -52,3 +58,16 @@ def run_cli(tiny_cache):
         )
 
     return run
+
+
+@pytest.fixture(scope="session")
+def cli_batch(run_cli):
+    """cli_batch(*args, env=...) -> Future[CompletedProcess]: start the console script in the background."""
+    workers = max(2, min(4, os.cpu_count() or 2))
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="replayssm-cli")
+
+    def submit(*args, env: dict[str, str] | None = None) -> Future:
+        return pool.submit(run_cli, *args, env=env)
+
+    yield submit
+    pool.shutdown(wait=True, cancel_futures=True)

@@ -7,20 +7,33 @@ import pytest
 from cli_helpers import one_error, parse_json
 
 
-def test_version(run_cli):
+@pytest.fixture(scope="module")
+def started(cli_batch, tmp_path_factory):
+    """The console-script runs of this module, started together."""
+    out = tmp_path_factory.mktemp("basic") / "out"
+    return {
+        "version": cli_batch("--version"),
+        "bad-option": (cli_batch("convert", "tiny:mamba2", out, "--buffer-len", "0", "--json"), out),
+        "env": cli_batch("env", "--json"),
+    }
+
+
+def test_version(started):
     import replayssm
 
-    proc = run_cli("--version")
+    proc = started["version"].result()
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"replayssm {replayssm.__version__}"
     assert proc.stderr == ""
 
 
-def test_help_lists_commands_exit_codes_and_examples(run_cli):
-    proc = run_cli("--help")
-    assert proc.returncode == 0, proc.stderr
+def test_help_lists_commands_exit_codes_and_examples(capsys):
+    from replayssm.cli.main import main
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
     for word in ("inspect", "convert", "env", "Exit codes", "130", "--debug", "Examples"):
-        assert word in proc.stdout, word
+        assert word in out, word
 
 
 @pytest.mark.parametrize("command", ["inspect", "convert", "env"])
@@ -36,47 +49,57 @@ def test_every_command_has_examples_in_help(command):
     assert "Exit codes" in result.output
 
 
-def test_invalid_option_values_are_one_line_usage_errors(run_cli, tmp_path):
-    out = tmp_path / "out"
-    for args, expected in [
-        (("--buffer-len", "0"), "--buffer-len"),
-        (("--state-dtype", "int8"), "int8"),
-        (("--dtype", "fp8"), "fp8"),
-    ]:
-        proc = run_cli("convert", "tiny:mamba2", out, *args)
-        assert proc.returncode == 2, (args, proc.stderr)
-        error, hint = one_error(proc.stderr)
-        assert expected in error
-        assert hint and "replayssm convert --help" in hint
-        assert proc.stdout == ""
-        assert not out.exists()
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_invalid_option_json_mode_prints_one_json_error(run_cli, tmp_path):
-    proc = run_cli("convert", "tiny:mamba2", tmp_path / "out", "--buffer-len", "999", "--json")
-    assert proc.returncode == 2
+def test_invalid_option_values_are_one_line_usage_errors(started):
+    future, out = started["bad-option"]
+    proc = future.result()
+    assert proc.returncode == 2, proc.stderr
+    error, hint = one_error(proc.stderr)
+    assert "--buffer-len" in error
+    assert hint and "replayssm convert --help" in hint
+    # --json: the same error, plus exactly one JSON object on stdout
     doc = parse_json(proc.stdout)
     assert doc["ok"] is False and doc["exit_code"] == 2
-    assert "--buffer-len" in doc["error"]["message"]
+    assert "--buffer-len" in doc["error"]["message"] and doc["error"]["hint"]
+    assert list(out.parent.iterdir()) == []
 
 
-def test_unknown_command_and_no_arguments(run_cli):
-    proc = run_cli("frobnicate")
-    assert proc.returncode == 2
-    error, _ = one_error(proc.stderr)
-    assert "frobnicate" in error
-    proc = run_cli()
-    assert proc.returncode == 0
-    assert "Usage" in proc.stdout
+@pytest.mark.parametrize("args, expected", [
+    (["convert", "tiny:mamba2", "OUT", "--state-dtype", "int8"], "int8"),
+    (["convert", "tiny:mamba2", "OUT", "--dtype", "fp8"], "fp8"),
+    (["convert", "tiny:mamba2", "OUT", "--buffer-len", "257"], "--buffer-len"),
+    (["convert", "tiny:mamba2", "OUT", "--backend", "cuda"], "--backend"),
+    (["convert", "tiny:mamba2"], "OUT_DIR"),
+    (["frobnicate"], "frobnicate"),
+    (["inspect", "tiny:mamba2", "--buffer-len", "-3"], "--buffer-len"),
+])
+def test_usage_errors_in_process(args, expected, capsys, tmp_path):
+    from replayssm.cli.main import main
+
+    args = [str(tmp_path / "out") if a == "OUT" else a for a in args]
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    error, hint = one_error(captured.err)
+    assert expected in error
+    assert hint and "--help" in hint
+    assert captured.out == ""
+    assert not (tmp_path / "out").exists()
 
 
-def test_env_table_and_json(run_cli):
-    proc = run_cli("env")
-    assert proc.returncode == 0, proc.stderr
+def test_no_arguments_prints_help(capsys):
+    from replayssm.cli.main import main
+
+    assert main([]) == 0
+    assert "Usage" in capsys.readouterr().out
+
+
+def test_env_table_and_json(started, capsys):
+    from replayssm.cli.main import main
+
+    assert main(["env", "--no-probe"]) == 0
+    table = capsys.readouterr().out
     for word in ("python", "torch", "triton", "transformers", "triton kernels"):
-        assert word in proc.stdout
-    proc = run_cli("env", "--json")
+        assert word in table
+    proc = started["env"].result()
     assert proc.returncode == 0, proc.stderr
     info = parse_json(proc.stdout)
     import torch

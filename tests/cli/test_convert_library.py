@@ -1,0 +1,291 @@
+"""The library pieces behind ``replayssm convert``, in-process (no console script needed):
+checkpoint scanning and verification, atomic output, memory use of the copy, progress hooks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import threading
+import time
+import tracemalloc
+from pathlib import Path
+
+import pytest
+import torch
+
+from cli_helpers import file_sha, leftovers, tree_digest
+
+
+# --------------------------------------------------------------------------- helpers
+def sharded_checkpoint(root: Path, *, vocab: int, max_shard_size: str) -> Path:
+    """A tiny Mamba-2 checkpoint with a large vocabulary, saved in several safetensors shards."""
+    from transformers import AutoModelForCausalLM
+
+    from replayssm.tiny import tiny_config
+
+    config = tiny_config("tiny:mamba2")
+    config.vocab_size = vocab
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(root, max_shard_size=max_shard_size)
+    return root
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory) -> Path:
+    # embeddings and lm_head are 65536 x 64 fp32 = 16 MiB each: one shard apiece, plus the rest
+    return sharded_checkpoint(tmp_path_factory.mktemp("sharded") / "ckpt", vocab=65536, max_shard_size="8MB")
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+# --------------------------------------------------------------------------- scanning
+def test_scan_sharded_checkpoint(sharded):
+    from replayssm.checkpoint import scan_checkpoint
+
+    scan = scan_checkpoint(sharded)
+    assert scan.index is not None and len(scan.weights) >= 3
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    assert {f.name for f in scan.weights} == set(index["weight_map"].values())
+    assert scan.num_tensors == len(index["weight_map"])
+    assert scan.weights_bytes == sum((sharded / f.name).stat().st_size for f in scan.weights)
+    assert scan.largest_shard_bytes >= 16 * 2**20
+    assert [f.name for f in scan.others] == ["generation_config.json"]
+
+
+def test_scan_refuses_incomplete_or_inconsistent_checkpoints(sharded, tmp_path):
+    from replayssm.checkpoint import scan_checkpoint
+    from replayssm.errors import CheckpointError
+
+    bad = tmp_path / "missing-shard"
+    shutil.copytree(sharded, bad)
+    index = json.loads((bad / "model.safetensors.index.json").read_text())
+    victim = sorted(set(index["weight_map"].values()))[-1]
+    (bad / victim).unlink()
+    with pytest.raises(CheckpointError, match=f"lists {victim}, which is missing"):
+        scan_checkpoint(bad)
+
+    moved = tmp_path / "moved-tensor"
+    shutil.copytree(sharded, moved)
+    index = json.loads((moved / "model.safetensors.index.json").read_text())
+    name, shard = next(iter(index["weight_map"].items()))
+    other = next(s for s in set(index["weight_map"].values()) if s != shard)
+    index["weight_map"][name] = other
+    (moved / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match="does not hold tensor"):
+        scan_checkpoint(moved)
+
+
+def test_bin_only_checkpoint_refused_with_hint(tiny_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    from replayssm.checkpoint import scan_checkpoint
+    from replayssm.errors import CheckpointError
+
+    src = tmp_path / "bin-only"
+    src.mkdir()
+    shutil.copy(tiny_dir("mamba2") / "config.json", src)
+    torch.save(load_file(tiny_dir("mamba2") / "model.safetensors"), src / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="only PyTorch .bin weights") as info:
+        scan_checkpoint(src)
+    assert "save_pretrained" in info.value.hint
+
+
+def test_bin_files_beside_safetensors_are_skipped(tiny_dir, tmp_path):
+    from replayssm.checkpoint import scan_checkpoint
+
+    src = tmp_path / "both"
+    shutil.copytree(tiny_dir("mamba2"), src)
+    (src / "pytorch_model.bin").write_bytes(b"pickle")
+    (src / "tokenizer.json").write_text("{}")
+    (src / "chat_template.jinja").write_text("{{ messages }}")
+    (src / "original").mkdir()
+    scan = scan_checkpoint(src)
+    assert {f.name for f in scan.others} >= {"tokenizer.json", "chat_template.jinja", "generation_config.json"}
+    assert set(scan.skipped) == {"pytorch_model.bin", "original/"}
+
+
+def _header_bytes(header: dict, data_len: int) -> bytes:
+    raw = json.dumps(header).encode()
+    return struct.pack("<Q", len(raw)) + raw + b"\0" * data_len
+
+
+@pytest.mark.parametrize("header, data_len, message", [
+    ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, 8, None),
+    ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, 4, "is truncated"),
+    ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, 12, "after the last tensor"),
+    ({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, 8, "expected 12"),
+    ({"a": {"dtype": "Q7", "shape": [2], "data_offsets": [0, 8]}}, 8, "unknown dtype"),
+    ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, 8, "gap or overlap"),
+    ({"a": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, 8]},
+      "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, 8, "gap or overlap"),
+    ({"a": {"shape": [2]}}, 8, "no dtype/shape/data_offsets"),
+])
+def test_safetensors_header_checks(header, data_len, message, tmp_path):
+    from replayssm.checkpoint import read_safetensors_header
+    from replayssm.errors import CheckpointError
+
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(_header_bytes(header, data_len))
+    if message is None:
+        assert read_safetensors_header(path).data_len == 8
+    else:
+        with pytest.raises(CheckpointError, match=message):
+            read_safetensors_header(path)
+
+
+def test_safetensors_header_length_field_checks(tmp_path):
+    from replayssm.checkpoint import read_safetensors_header
+    from replayssm.errors import CheckpointError
+
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(b"\x01\x02")
+    with pytest.raises(CheckpointError, match="shorter than a safetensors header"):
+        read_safetensors_header(path)
+    path.write_bytes(struct.pack("<Q", 10**12) + b"{}")
+    with pytest.raises(CheckpointError, match="header length"):
+        read_safetensors_header(path)
+    path.write_bytes(struct.pack("<Q", 100) + b"{}")
+    with pytest.raises(CheckpointError, match="is truncated"):
+        read_safetensors_header(path)
+
+
+# --------------------------------------------------------------------------- output directory
+def test_atomic_output_dir_cleans_up_on_any_exception(tmp_path):
+    from replayssm.checkpoint import atomic_output_dir
+
+    for exc in (RuntimeError("boom"), KeyboardInterrupt()):
+        with pytest.raises(type(exc)):
+            with atomic_output_dir(tmp_path / "deep" / "er" / "out") as tmp:
+                (tmp / "half.bin").write_bytes(b"x" * 100)
+                raise exc
+        assert leftovers(tmp_path) == []
+    with atomic_output_dir(tmp_path / "deep" / "out") as tmp:
+        (tmp / "done").write_text("ok")
+    assert leftovers(tmp_path / "deep") == ["out"] and (tmp_path / "deep" / "out" / "done").read_text() == "ok"
+
+
+def test_output_overlapping_the_input_is_refused_even_with_force(tiny_dir, tmp_path):
+    import replayssm
+    from replayssm.errors import OutputExistsError
+
+    src = tmp_path / "ckpt"
+    shutil.copytree(tiny_dir("mamba2"), src)
+    before = tree_digest(src)
+    for out in (src, src / "inside", tmp_path):
+        with pytest.raises(OutputExistsError, match="overlaps the input"):
+            replayssm.convert(src, out, force=True, validate=False)
+    assert tree_digest(src) == before
+
+
+# --------------------------------------------------------------------------- memory
+def test_copy_memory_stays_below_one_shard(sharded, tmp_path):
+    """convert (no validation) of a sharded checkpoint: Python-heap peak and RSS growth stay well
+    below the largest shard, let alone the whole model."""
+    import replayssm
+    from replayssm.checkpoint import scan_checkpoint
+
+    scan = scan_checkpoint(sharded)
+    largest, total = scan.largest_shard_bytes, scan.weights_bytes
+    assert total > 2 * largest
+
+    peak_rss = [0]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak_rss[0] = max(peak_rss[0], rss_bytes())
+            time.sleep(0.002)
+
+    replayssm.convert(sharded, tmp_path / "warm", validate=False)  # imports and caches outside the measurement
+    base_rss = rss_bytes()
+    peak_rss[0] = base_rss
+    sampler = threading.Thread(target=sample, daemon=True)
+    tracemalloc.start()
+    sampler.start()
+    try:
+        result = replayssm.convert(sharded, tmp_path / "out", validate=False)
+        _, heap_peak = tracemalloc.get_traced_memory()
+    finally:
+        stop.set()
+        sampler.join()
+        tracemalloc.stop()
+    assert result.written and result.largest_shard_bytes == largest
+    for f in scan.weights:
+        assert file_sha(tmp_path / "out" / f.name) == file_sha(sharded / f.name)
+    assert heap_peak < largest / 2, (heap_peak, largest)
+    assert peak_rss[0] - base_rss < largest, (peak_rss[0] - base_rss, largest)
+
+
+# --------------------------------------------------------------------------- progress and results
+class Recorder:
+    def __init__(self):
+        self.events = []
+
+    def start(self, key, description, total=None, *, unit="steps"):
+        self.events.append(("start", key, unit))
+
+    def advance(self, key, amount=1):
+        self.events.append(("advance", key, amount))
+
+    def update(self, key, *, description=None, total=None):
+        self.events.append(("update", key, total))
+
+    def finish(self, key):
+        self.events.append(("finish", key))
+
+
+def test_progress_stages_and_byte_counts(sharded, tmp_path):
+    import replayssm
+
+    rec = Recorder()
+    result = replayssm.convert(sharded, tmp_path / "out", validate=False, progress=rec)
+    started = [e[1] for e in rec.events if e[0] == "start"]
+    finished = [e[1] for e in rec.events if e[0] == "finish"]
+    assert started == ["read", "copy", "save"] and finished == started
+    copied = sum(e[2] for e in rec.events if e[0] == "advance" and e[1] == "copy")
+    assert copied == result.weights_bytes
+    assert sum(1 for e in rec.events if e[0] == "advance" and e[1] == "read") == len(
+        [f for f in result.files if f.role == "weights"])
+
+
+def test_validation_progress_and_result(tiny_dir, tmp_path):
+    import replayssm
+
+    rec = Recorder()
+    result = replayssm.convert("tiny:mamba2", tmp_path / "out", buffer_len=3, progress=rec)
+    assert [e[1] for e in rec.events if e[0] == "start"] == ["read", "copy", "save", "validate"]
+    v = result.validation
+    assert v.passed and v.flushes == (v.new_tokens - 1) // 3 and v.tokens_equal == v.tokens_compared
+    assert v.max_abs_diff <= v.tolerance
+    assert result.to_dict()["validation"]["checks"][-1]["name"] == "tokens"
+
+
+def test_from_pretrained_and_save_pretrained_refusals(tiny_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    import replayssm
+
+    with pytest.raises(replayssm.ConfigError, match="not a ReplaySSM checkpoint"):
+        replayssm.from_pretrained(tiny_dir("mamba2"))
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir("mamba2"))
+    with pytest.raises(replayssm.ConfigError, match="not patched"):
+        replayssm.save_pretrained(model, tmp_path / "out")
+    assert leftovers(tmp_path) == []
+
+
+def test_tolerances():
+    from replayssm.validate import resolve_dtype, tolerance
+
+    assert tolerance(torch.float32, 30.0) == pytest.approx(3e-3)
+    assert tolerance(torch.float32, 0.5) == pytest.approx(1e-4)
+    assert tolerance(torch.bfloat16, 10.0) > tolerance(torch.float16, 10.0) > tolerance(torch.float32, 10.0)
+    cpu = torch.device("cpu")
+    assert resolve_dtype("auto", cpu, {"dtype": "bfloat16"}) == torch.float32
+    assert resolve_dtype("auto", torch.device("cuda"), {"torch_dtype": "bfloat16"}) == torch.bfloat16
+    assert resolve_dtype("fp16", cpu) == torch.float16
