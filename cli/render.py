@@ -28,6 +28,13 @@ def note_line(text: str) -> Text:
     return line
 
 
+_SHORT_KINDS = {"mamba2": "Mamba-2", "gated_deltanet": "GDN", "kda": "KDA", "mamba1": "Mamba-1"}
+
+
+def kind_short(row: dict[str, Any]) -> str:
+    return _SHORT_KINDS.get(row.get("kind", ""), row.get("kind_label") or row.get("kind", "?"))
+
+
 def _shapes(shapes: dict[str, int]) -> str:
     short = {"num_heads": "H", "head_dim": "P", "state_size": "N", "n_groups": "G", "num_k_heads": "Hk",
              "num_v_heads": "Hv", "head_k_dim": "Dk", "head_v_dim": "Dv", "intermediate_size": "D"}
@@ -60,7 +67,7 @@ def inspect_table(layers: list[dict[str, Any]], *, title: str, buffer_len: int) 
     table.add_column("rewrite", no_wrap=True)
     for row in layers:
         rewritable = Text("✓", style="green") if row["can_rewrite"] else Text("✗", style="red")
-        cells = [row["name"], row["kind_label"]] + ([row["class_name"]] if len(classes) > 1 else [])
+        cells = [row["name"], kind_short(row)] + ([row["class_name"]] if len(classes) > 1 else [])
         cells += [_shapes(row["shapes"]), human_bytes(row["state_bytes"]),
                   human_bytes(row["buffer_bytes"]) if row["can_rewrite"] else "-", rewritable]
         table.add_row(*cells)
@@ -93,7 +100,7 @@ def summary_table(rows: list[dict[str, Any]], *, buffer_len: int, state_dtype: s
     table.add_column("state bytes/seq", justify="right", footer=human_bytes(state_total))
     table.add_column("buffer bytes/seq", justify="right", footer=human_bytes(buffer_total))
     for r in rows:
-        table.add_row(r["name"], r["kind_label"], human_bytes(r["state_bytes"]), human_bytes(r["buffer_bytes"]))
+        table.add_row(r["name"], kind_short(r), human_bytes(r["state_bytes"]), human_bytes(r["buffer_bytes"]))
     return table
 
 

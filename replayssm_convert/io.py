@@ -27,13 +27,15 @@ _CONFIG_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "r
 def from_pretrained(path: str | os.PathLike, **hf_kwargs: Any):
     """Load a converted checkpoint with transformers and apply its recorded ReplaySSM configuration.
 
-    ``hf_kwargs`` go to ``AutoModelForCausalLM.from_pretrained`` (dtype, device_map, ...).
+    ``hf_kwargs`` go to the model class's ``from_pretrained`` (dtype, device_map, ...); the class is
+    AutoModelForCausalLM's for the config (or the one named in ``config.architectures``).
     The ``replayssm`` block is checked before any weight is read: a missing block raises
     ConfigError, a block written by a newer package raises SchemaVersionError.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     from .api import patch
+    from .resolve import causal_lm_class
 
     config = hf_kwargs.pop("config", None)
     if config is None:
@@ -47,7 +49,8 @@ def from_pretrained(path: str | os.PathLike, **hf_kwargs: Any):
                  "replayssm.patch(model)",
         )
     ReplaySSMConfig.from_block(block)  # SchemaVersionError / ConfigError before loading weights
-    model = AutoModelForCausalLM.from_pretrained(str(path), config=config, **hf_kwargs)
+    cls = causal_lm_class(config, trust_remote_code=bool(hf_kwargs.get("trust_remote_code")))
+    model = cls.from_pretrained(str(path), config=config, **hf_kwargs)
     return patch(model)
 
 

@@ -128,33 +128,56 @@ def load_config(resolved: ResolvedModel, *, trust_remote_code: bool = False):
         raise CheckpointError(f"cannot read {resolved.path}/config.json: {exc}") from None
 
 
+def causal_lm_class(config, *, trust_remote_code: bool = False):
+    """The transformers class that builds and loads a generating model for ``config``.
+
+    ``replayssm.tiny.model_class_for`` (AutoModelForCausalLM's class for the config, else the
+    class named in ``config.architectures``); for remote-code configs, ``AutoModelForCausalLM``
+    itself (it then needs ``trust_remote_code``).
+    """
+    from .tiny import model_class_for
+
+    try:
+        return model_class_for(config)
+    except ModelSpecError:
+        if trust_remote_code:
+            from transformers import AutoModelForCausalLM
+
+            return AutoModelForCausalLM
+        raise ModelSpecError(
+            f"transformers has no generating model class for model type {getattr(config, 'model_type', '?')!r}",
+            hint="replayssm converts causal language models; if the checkpoint ships its own modelling code, "
+                 "pass --trust-remote-code",
+        ) from None
+
+
 def build_meta_model(config, *, trust_remote_code: bool = False, causal_lm_only: bool = True):
     """Instantiate the model on the meta device from its config: no weights, no memory.
 
-    Uses AutoModelForCausalLM (the class ``from_pretrained`` will use); with
-    ``causal_lm_only=False`` falls back to AutoModel for other architectures.
+    Uses ``causal_lm_class`` (the class ``replayssm.from_pretrained`` loads with, so layer
+    names match); with ``causal_lm_only=False`` falls back to AutoModel for other architectures.
     """
     import torch
     from transformers import AutoModel, AutoModelForCausalLM
 
-    kwargs = {"trust_remote_code": trust_remote_code} if trust_remote_code else {}
+    try:
+        cls = causal_lm_class(config, trust_remote_code=trust_remote_code)
+    except ModelSpecError:
+        if causal_lm_only:
+            raise
+        cls = AutoModel
     try:
         with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(config, **kwargs)
-    except ValueError as exc:
-        first_error = exc
-    if not causal_lm_only:
-        try:
-            with torch.device("meta"):
-                return AutoModel.from_config(config, **kwargs)
-        except ValueError:
-            pass
-    model_type = getattr(config, "model_type", "?")
-    raise ModelSpecError(
-        f"transformers has no causal-LM class for model type {model_type!r} "
-        f"({str(first_error).splitlines()[0] if str(first_error) else 'unrecognised configuration'})",
-        hint="replayssm converts causal language models; if the model ships its own code, pass --trust-remote-code",
-    )
+            if cls in (AutoModel, AutoModelForCausalLM):
+                return cls.from_config(config, trust_remote_code=trust_remote_code)
+            return cls._from_config(config)
+    except (ValueError, TypeError, ImportError, AttributeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelSpecError(
+            f"transformers cannot build {getattr(cls, '__name__', cls)} for model type "
+            f"{getattr(config, 'model_type', '?')!r}: {first}",
+            hint="upgrade transformers if the model type is newer than the installed version",
+        ) from None
 
 
-__all__ = ["ResolvedModel", "build_meta_model", "load_config", "resolve_model"]
+__all__ = ["ResolvedModel", "build_meta_model", "causal_lm_class", "load_config", "resolve_model"]

@@ -16,6 +16,7 @@ tolerance (a near tie, where rounding may legitimately pick either token).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -69,8 +70,12 @@ class ValidationResult:
         return ok
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (an infinite or NaN measurement becomes None)."""
         d = asdict(self)
         d["checks"] = [c.to_dict() for c in self.checks]
+        for key in ("max_abs_diff", "tolerance", "logit_scale"):
+            if isinstance(d[key], float) and not math.isfinite(d[key]):
+                d[key] = None
         return d
 
 
@@ -196,11 +201,12 @@ def validate_checkpoint(
     Returns the result (``passed`` False when a comparison fails); raises CheckpointError
     when stock transformers cannot load the checkpoint, ConfigError for a bad device/dtype.
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig
 
     from .api import patch, replayssm_report
     from .checkpoint import read_config_json
     from .config import ReplaySSMConfig
+    from .resolve import causal_lm_class
 
     progress = progress or NULL_PROGRESS
     start = time.perf_counter()
@@ -223,9 +229,11 @@ def validate_checkpoint(
     try:
         # 1. stock load
         try:
-            model, info = AutoModelForCausalLM.from_pretrained(
-                str(path), dtype=dt, device_map=str(dev), output_loading_info=True,
-                trust_remote_code=trust_remote_code,
+            hf_config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+            cls = causal_lm_class(hf_config, trust_remote_code=trust_remote_code)
+            extra = {"trust_remote_code": True} if trust_remote_code else {}
+            model, info = cls.from_pretrained(
+                str(path), config=hf_config, dtype=dt, device_map=str(dev), output_loading_info=True, **extra,
             )
         except (OSError, ValueError, RuntimeError, KeyError) as exc:
             raise CheckpointError(

@@ -96,18 +96,30 @@ def test_bin_only_checkpoint_refused_with_hint(tiny_dir, tmp_path):
     assert "save_pretrained" in info.value.hint
 
 
-def test_bin_files_beside_safetensors_are_skipped(tiny_dir, tmp_path):
+def test_tokenizer_and_small_files_copied_other_weights_skipped(tiny_dir, tmp_path):
+    import replayssm
     from replayssm.checkpoint import scan_checkpoint
 
     src = tmp_path / "both"
     shutil.copytree(tiny_dir("mamba2"), src)
+    small = {"tokenizer.json": '{"version": "1.0"}', "tokenizer_config.json": "{}",
+             "special_tokens_map.json": "{}", "chat_template.jinja": "{{ messages }}", "README.md": "# tiny\n"}
+    for name, text in small.items():
+        (src / name).write_text(text)
     (src / "pytorch_model.bin").write_bytes(b"pickle")
-    (src / "tokenizer.json").write_text("{}")
-    (src / "chat_template.jinja").write_text("{{ messages }}")
+    (src / ".gitattributes").write_text("*.safetensors filter=lfs\n")
     (src / "original").mkdir()
     scan = scan_checkpoint(src)
-    assert {f.name for f in scan.others} >= {"tokenizer.json", "chat_template.jinja", "generation_config.json"}
-    assert set(scan.skipped) == {"pytorch_model.bin", "original/"}
+    assert {f.name for f in scan.others} >= set(small) | {"generation_config.json"}
+    assert set(scan.skipped) == {"pytorch_model.bin", ".gitattributes", "original/"}
+    before = tree_digest(src)
+    result = replayssm.convert(src, tmp_path / "out", validate=False)
+    out = tmp_path / "out"
+    for name in list(small) + ["generation_config.json", "model.safetensors"]:
+        assert file_sha(out / name) == file_sha(src / name), name
+    assert not (out / "pytorch_model.bin").exists() and not (out / "original").exists()
+    assert set(result.skipped_files) == {"pytorch_model.bin", ".gitattributes", "original/"}
+    assert tree_digest(src) == before
 
 
 def _header_bytes(header: dict, data_len: int) -> bytes:
