@@ -293,8 +293,8 @@ def markdown(results, meta, Ls):
              "CUDA graphs, working set rotated above L2. Activations bf16. `frac` = byte floor / time "
              "(fraction of the copy bandwidth). `buf%` = buffer memory / checkpoint at L=16. `stag. L=16`: "
              "rows start at cursor b mod 16, so 1/16 of the rows flush at every step (serving-like; batch >= 16). "
-             "HF (the transformers PyTorch path) is timed up to batch 256. Replay configuration at batch >= 32: the best of a few launch configurations timed at batch 256 "
-             "for that shape and state dtype (see `tuning` in the JSON); below 32 the default heuristics.", ""]
+             "HF (the transformers PyTorch path) is timed up to batch 256. Replay configuration at batch >= 256: the best of a few launch configurations timed at batch 256 "
+             "for that shape and state dtype (see `tuning` in the JSON); below 256 the default heuristics.", ""]
     hdr = ("| shape | state | batch | " + " | ".join(f"replay L={L}" for L in Ls) +
            " | best L | stag. L=16 | step (ours) | mamba_ssm | HF | ×step | ×step stag. | ×mamba_ssm | ×HF | "
            "frac replay | frac step | frac mamba_ssm | frac HF | buf% |")
@@ -526,7 +526,7 @@ def main(argv=None):
             best = tune_replay(name, shape, sdt, dev, copy_bw, tuning, log) if not args.no_tune else None
             for Bt in batches:
                 r = bench_config(name, shape, Bt, sdt, torch.bfloat16, Ls, mssu, hf, dev, copy_bw,
-                                 use_graph=not args.no_graph, tuned=best if Bt >= 32 else None)
+                                 use_graph=not args.no_graph, tuned=best if Bt >= 256 else None)
                 results.append(summarize(r, Ls))
                 log({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()})
                 write_outputs(out_dir, meta, results, tuning, Ls, t0)  # keep partial results

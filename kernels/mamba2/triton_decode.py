@@ -429,18 +429,19 @@ def replay_config(Bt: int, H: int, P: int, N: int, G: int, L: int, state_bytes: 
     """Default block sizes and program split for one call (pure function of shapes, no device work)."""
     HPG = H // G
     BLOCK_N = max(16, min(_pow2(N), 256)) if N <= 256 else 128
-    tile = 4096  # fp32 elements of the checkpoint tile held per head and lane block
-    BLOCK_P = max(16, min(_pow2(P), tile // BLOCK_N))
-    # Small batches: smaller lane blocks for more programs.
-    while BLOCK_P > 16 and Bt * H * triton.cdiv(P, BLOCK_P) < 4 * n_sm:
-        BLOCK_P //= 2
+    # 32 lanes x 128 state columns per tile (16 KB at fp32): best on the H200 at batch 256
+    # and, with one head per program, also at batch 1 (16-lane tiles were slower there).
+    BLOCK_P = max(16, min(_pow2(P), 4096 // BLOCK_N))
     n_pb = triton.cdiv(P, BLOCK_P)
-    # Heads per program: as many of the group as keeps >= ~8 programs per SM in flight.
-    HC = max(1, min(HPG, (Bt * G * n_pb * HPG) // (8 * n_sm)))
-    # Flush tile over the state dim: keep the tl.dot's operands and accumulator small so the
-    # runtime-branched kernel needs no more registers than the output-only route.
+    # Heads per program: enough programs for ~8 per SM, at most 16 heads, so that a flush
+    # row's programs (which walk their heads one after the other) stay short when only some
+    # rows of the batch flush.
+    HC = max(1, min(HPG, 16, (Bt * G * n_pb * HPG) // (8 * n_sm)))
+    # Flush tiles over the state dim (H200, batch 256: 32 columns for the fp32-operand
+    # tf32x3 dot, 16 for 16-bit operands); halved for windows longer than 16.
     BLOCK_L = max(16, _pow2(L))
-    BLOCK_NF = max(16, min(BLOCK_N, 32 * 16 // BLOCK_L))
+    lowp = state_bytes == 2 and act_bytes == 2
+    BLOCK_NF = max(16, min(BLOCK_N, (16 if lowp else 32) * 16 // BLOCK_L))
     return make_replay_config(H, P, N, G, L, BLOCK_P, HC, BLOCK_N, BLOCK_NF, num_warps=4, num_stages=1,
                               early_load=Bt <= 4)
 

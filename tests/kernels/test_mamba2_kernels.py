@@ -35,6 +35,7 @@ CASES = [
     pytest.param(4, 4, 16, 16, 2, 4, [0, 2, 3, -1], True, False, id="desync-z"),
     pytest.param(3, 2, 10, 12, 1, 3, [1, -1, 0], False, True, id="nonpow2-strided-noz"),
     pytest.param(2, 2, 16, 16, 2, 1, [0, -1], True, False, id="L1-every-step-flushes"),
+    pytest.param(2, 4, 64, 32, 1, 4, [0, 3], True, False, id="two-lane-blocks-early-load"),
 ]
 
 
