@@ -5,13 +5,17 @@ of ``HC`` consecutive heads of that group and a block of ``BLOCK_P`` head-dim la
 reads the row's cursor ``c`` on the device and takes one of two routes:
 
 * **output-only** (``0 <= c < L - 1``): ``B_j . C`` for the ``c`` buffered entries and the
-  current token is computed once per program (so once per group when a program holds the
+  current token is computed once per program (once per group when a program holds the
   whole group), then for each head ``y = abar (S0 . C) + sum_j w_j (B_j . C) x_j``, where
-  ``S0 . C`` streams the checkpoint over the state dim in ``BLOCK_N`` tiles and never forms
-  the state. The checkpoint is only read.
+  ``S0 . C`` reduces the checkpoint tile over the state dim and never forms the state. The
+  checkpoint is only read. The next head's tile and buffer window are loaded while the
+  current head is computed.
 * **state-and-output** (flush, ``c == L - 1``): ``S = abar S0 + X^T diag(w) B`` with a
-  ``tl.dot`` over the window (the ``L - 1`` buffered entries plus the current token),
-  stored as the new checkpoint in the state dtype; ``y`` is read from the fp32 ``S``.
+  ``tl.dot`` over the window (the ``L - 1`` buffered entries plus the current token;
+  ``tf32x3`` for fp32 operands, the 16-bit type when checkpoint and buffers are 16-bit), in
+  ``BLOCK_NF``-column tiles walked as one loop over (head, tile) pairs that loads the next
+  pair before computing the current one; stored as the new checkpoint in the state dtype,
+  ``y`` is read from the fp32 ``S``.
 
 Both routes append the current ``(x, dt, B)`` at slot ``c``: ``x`` by every program for its
 own lanes, ``dt`` by the program of lane block 0 of each head, ``B`` by one program per
@@ -19,15 +23,16 @@ own lanes, ``dt`` by the program of lane block 0 of each head, ``B`` by one prog
 can alias a store of the same launch.
 
 The cursor advance needs every program of a row to have read ``c`` first. Each program of
-an active row arrives at a per-row counter (``atomic_add``, acq_rel, after a CTA barrier);
-the last one to arrive writes ``(c + 1) % L`` and resets the counter to zero. The counter
-is a small internal device buffer (zero between launches); the alternative
-``advance="kernel"`` runs a separate tiny launch instead.
+an active row arrives at a per-row counter (``atomic_add``, acq_rel, after a CTA barrier)
+right after reading ``c``; the last one to arrive writes ``(c + 1) % L`` at its end and
+resets the counter to zero. The counter is a small internal device buffer (zero between
+launches; launches on concurrent streams must not overlap); ``advance="kernel"`` runs a
+separate tiny launch instead.
 
 ``route="split"`` runs the two routes as two launches (flush rows first, then the others;
-each row early-exits from the launch that doesn't apply), so each compiled kernel only
-carries its own route's registers. Neither variant syncs with the host, so a whole step
-can be captured in a CUDA graph.
+each row early-exits from the launch that doesn't apply). Neither variant syncs with the
+host, so a whole step can be captured in a CUDA graph. Default block sizes
+(``replay_config``) come from H200 measurements (examples/benchmarks/results/).
 """
 
 from __future__ import annotations
