@@ -1,26 +1,32 @@
 """Triton kernel of the delta-rule ReplaySSM decode step (Gated DeltaNet and KDA).
 
-One program owns one (row b, value head h, block of BV value columns). It rebuilds the
-decayed history state ``A = exp(G_c) S0 + sum_{j<c} (exp(G_c - G_j) k_j) u_j^T`` tile by
-tile over the key dim (a tensor-core dot of the cached keys, decay-weighted, with the
-cached u's, plus the decayed checkpoint tile), accumulates ``A^T k_c`` and ``A^T q``
-across K tiles, then forms ``u_c = beta (v - A^T k_c)`` and ``o = A^T q + (k_c . q) u_c``
-in fp32 (see ``reference.py``: the current token enters its own output unrounded).
+One program owns one (row b, value head h, block of BV value columns) and the whole key
+dim (one K tile up to 256; larger K is walked tile by tile). With ``c = cursor[b]``
+buffered entries, the decayed history state is
+``A = exp(G_c) S0 + sum_{j<c} (exp(G_c - G_j) k_j) u_j^T`` and the step needs
+``r = A^T k_c``, ``u_c = beta (v - r)``, ``o = A^T q + (k_c . q) u_c`` (fp32; the current
+token enters its own output unrounded, as in ``reference.py``).
 
-Flush rows (``cursor == L - 1``, decided per row on the device) write
-``A + k_c u_c^T`` back as the new checkpoint (when the key dim spans several tiles, a
-second walk over the K tiles rebuilds each tile for the write); other active rows append
-``(u_c, k_c, g_c)`` at ring slot ``cursor``. Rows with a negative cursor load nothing and
-store nothing (except zeros into a freshly allocated output). The cursors are advanced
-by a second tiny launch, after every program has read them. No host-side decision
-depends on tensor values, so the launches can be captured in a CUDA graph.
+Routes (``route``, constexpr):
 
-``route`` (constexpr): 0 = state-and-output on every row (the default); 1 = on non-flush
-rows read the output without forming A (``S0^T x`` plus inner products with the cached
-keys), on flush rows as route 0. Both give the same result up to rounding.
+* 0, state-and-output on every row: rebuild A tile by tile over K with a tensor-core dot
+  of the cached keys and the decay-weighted u's (``input_precision="tf32x3"``; plain tf32
+  drifts ~1e-2) plus the decayed checkpoint tile, and reduce it against k and q.
+* 1, output-only on non-flush rows: ``A^T x = S0^T (exp(G_c) x) + sum_j (w_j k_j . x) u_j``
+  without forming A; flush rows as route 0.
+* 2 (default), output-only on non-flush rows; flush rows rebuild A with fp32 rank-1
+  updates over the buffered entries (exact fp32, and far fewer registers than the dot,
+  which sets the occupancy of every step; see the benchmark notes).
 
-fp32 dots use ``input_precision="tf32x3"`` (plain tf32 drifts ~1e-2); the interpreter
-uses ``"ieee"``.
+Flush rows (``cursor == L - 1``, decided per row on the device) write ``A + k_c u_c^T``
+back as the new checkpoint, rounded once; other active rows append ``(u_c, k_c, g_c)`` at
+ring slot ``cursor`` (k by one program per key head). Ring slots ``>= cursor`` are never
+read. Rows with a negative cursor write nothing (``out`` untouched, or zeros in a freshly
+allocated output); with ``eager`` (default) their current-token inputs and checkpoint tile
+are still loaded, so that those loads need not wait for the cursor load, and ignored.
+The cursors are advanced by a second tiny launch after every program has read them. No
+host-side decision depends on tensor values, so the launches can be captured in a CUDA
+graph. The interpreter runs dots with ``"ieee"`` precision.
 """
 
 from __future__ import annotations
@@ -34,38 +40,52 @@ from .reference import _check_shapes
 
 __all__ = ["delta_replay_decode_triton", "advance_cursor_triton"]
 
+#: 0 state-and-output on every row (tf32x3 dot); 1 output-only on non-flush rows, dot on
+#: flush rows; 2 output-only on non-flush rows, fp32 rank-1 updates on flush rows.
+DEFAULT_ROUTE = 2
+#: load the current token and the checkpoint tile without waiting for the cursor.
+DEFAULT_EAGER = True
+
 
 @triton.jit
-def _load_tile(q_base, k_base, s_base, kb_base, g_base, gb_base,
-               offs_k, offs_v, offs_l, mv, ml,
-               sq_k, sk_k, ss_k, ss_v, skb_l, skb_k, sg_k, sgb_l, sgb_k, k_lim, dec_s,
-               KDA: tl.constexpr):
-    """Loads one K tile: returns (decayed S0 tile, decay-weighted cached keys^T, k, q, g, key mask).
+def _load_current(q_base, k_base, s_base, g_base, offs_k, offs_v, mv_in,
+                  sq_k, sk_k, ss_k, ss_v, sg_k, k_lim_in, KDA: tl.constexpr):
+    """The current token's q, k (and KDA g) and the checkpoint tile (BK, BV), in fp32.
 
-    ``a0`` (BK, BV) = exp(G_c) * S0 tile; ``kw`` (BK, LP) = cached keys^T, times
-    exp(G_c - G_j) per channel for KDA (for GDN the per-entry weights go on the u side).
-    ``k_lim`` is K on active rows and 0 on idle ones (scalar conditions are folded into
-    bounds rather than and-ed with vector masks).
+    ``k_lim_in`` is K, or 0 to skip the loads (idle rows when not loading eagerly).
     """
-    mk = offs_k < k_lim
-    qv = tl.load(q_base + offs_k * sq_k, mask=mk, other=0.0).to(tl.float32)
-    kv = tl.load(k_base + offs_k * sk_k, mask=mk, other=0.0).to(tl.float32)
+    mk_in = offs_k < k_lim_in
+    s0 = tl.load(s_base + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v,
+                 mask=mk_in[:, None] & mv_in[None, :], other=0.0).to(tl.float32)
+    qv = tl.load(q_base + offs_k * sq_k, mask=mk_in, other=0.0).to(tl.float32)
+    kv = tl.load(k_base + offs_k * sk_k, mask=mk_in, other=0.0).to(tl.float32)
+    if KDA:
+        gv = tl.load(g_base + offs_k * sg_k, mask=mk_in, other=0.0).to(tl.float32)
+    else:
+        gv = tl.zeros_like(qv)
+    return s0, kv, qv, gv
+
+
+@triton.jit
+def _load_ring_keys(kb_base, gb_base, offs_k, offs_l, ml, skb_l, skb_k, sgb_l, sgb_k, K, gv, gtot_s,
+                    KDA: tl.constexpr):
+    """Cached keys^T (BK, LP) of entries j < cursor, and G_c per key channel (BK,).
+
+    For KDA the keys come back scaled by exp(G_c - G_j) per channel; for GDN the per-entry
+    weights go on the u side and ``gt`` is the head's scalar G_c broadcast.
+    """
+    mk = offs_k < K
     kw = tl.load(kb_base + offs_k[:, None] * skb_k + offs_l[None, :] * skb_l,
                  mask=mk[:, None] & ml[None, :], other=0.0).to(tl.float32)
-    s0 = tl.load(s_base + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v,
-                 mask=mk[:, None] & mv[None, :], other=0.0).to(tl.float32)
     if KDA:
-        gv = tl.load(g_base + offs_k * sg_k, mask=mk, other=0.0).to(tl.float32)
         gh = tl.load(gb_base + offs_k[:, None] * sgb_k + offs_l[None, :] * sgb_l,
                      mask=mk[:, None] & ml[None, :], other=0.0).to(tl.float32)  # (BK, LP)
         gcum = tl.cumsum(gh, axis=1)
-        gtot = tl.sum(gh, axis=1) + gv  # G_c per key channel
-        kw = kw * tl.exp(gtot[:, None] - gcum)
-        a0 = s0 * tl.exp(gtot)[:, None]
+        gt = tl.sum(gh, axis=1) + gv  # G_c per key channel
+        kw = kw * tl.exp(gt[:, None] - gcum)
     else:
-        gv = tl.zeros_like(qv)
-        a0 = s0 * dec_s
-    return a0, kw, kv, qv, gv, mk
+        gt = tl.zeros_like(gv) + gtot_s
+    return kw, gt, mk
 
 
 @triton.jit
@@ -84,7 +104,7 @@ def _delta_replay_kernel(
     sc_b,
     HV, GROUP, K, V, L, NV,
     KDA: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr,
-    ROUTE: tl.constexpr, WRITE_IDLE: tl.constexpr, DOT_PREC: tl.constexpr,
+    ROUTE: tl.constexpr, EAGER: tl.constexpr, WRITE_IDLE: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     pid = tl.program_id(0)
     i_v = pid % NV
@@ -98,8 +118,8 @@ def _delta_replay_kernel(
     cc = tl.maximum(c, 0)
     flush = c == L - 1
     append = active & (c != L - 1)
-    # Scalar conditions become bounds: 0 disables every lane.
-    k_lim = tl.where(active, K, 0)
+    # Scalar conditions become bounds (0 disables every lane) rather than being and-ed
+    # with vector masks.
     k_lim_flush = tl.where(flush, K, 0)
     v_lim_append = tl.where(append, V, 0)
     lead = (i_v == 0) & (h % GROUP == 0)
@@ -107,7 +127,16 @@ def _delta_replay_kernel(
     k_lim_gbuf = tl.where(i_v == 0, tl.where(append, K, 0), 0)
 
     offs_v = i_v * BV + tl.arange(0, BV)
-    mv = offs_v < tl.where(active, V, 0)
+    mv = offs_v < V
+    mv_act = offs_v < tl.where(active, V, 0)
+    if EAGER:
+        # The current token and the checkpoint tile are loaded without waiting for the
+        # cursor (an idle row's are read and ignored); ring loads always wait for it.
+        mv_in = mv
+        k_lim_in = K
+    else:
+        mv_in = mv_act
+        k_lim_in = tl.where(active, K, 0)
     offs_l = tl.arange(0, LP)
     ml = offs_l < cc  # buffered entries j < c (never reads slots >= c; cc = 0 on idle rows)
 
@@ -119,34 +148,46 @@ def _delta_replay_kernel(
     kb_base = kb_ptr + b * skb_b + hk * skb_h
     gb_base = gb_ptr + b * sgb_b + h * sgb_h
 
-    vv = tl.load(v_ptr + b * sv_b + h * sv_h + offs_v * sv_v, mask=mv, other=0.0).to(tl.float32)
-    beta = tl.load(beta_ptr + b * sbt_b + h * sbt_h, mask=active, other=0.0).to(tl.float32)
+    # 1. The current token and the checkpoint (with EAGER these loads do not wait for the
+    #    cursor load), 2. the ring (entries j < cursor).
+    if NK == 1:
+        offs_k = tl.arange(0, BK)
+        s0, kv, qv, gv = _load_current(q_base, k_base, s_base, g_base, offs_k, offs_v, mv_in,
+                                       sq_k, sk_k, ss_k, ss_v, sg_k, k_lim_in, KDA)
+    vv = tl.load(v_ptr + b * sv_b + h * sv_h + offs_v * sv_v, mask=mv_in, other=0.0).to(tl.float32)
+    if EAGER:
+        beta = tl.load(beta_ptr + b * sbt_b + h * sbt_h).to(tl.float32)
+    else:
+        beta = tl.load(beta_ptr + b * sbt_b + h * sbt_h, mask=active, other=0.0).to(tl.float32)
+    if KDA:
+        gc = 0.0
+    else:
+        if EAGER:
+            gc = tl.load(g_base).to(tl.float32)
+        else:
+            gc = tl.load(g_base, mask=active, other=0.0).to(tl.float32)
+
     ub = tl.load(ub_base + offs_l[:, None] * sub_l + offs_v[None, :] * sub_v,
                  mask=ml[:, None] & mv[None, :], other=0.0).to(tl.float32)  # (LP, BV)
     if KDA:
         rhs = ub
-        dec_s = 1.0
-        gc = 0.0
+        gtot = 0.0
     else:
-        gc = tl.load(g_base, mask=active, other=0.0).to(tl.float32)
         gh = tl.load(gb_base + offs_l * sgb_l, mask=ml, other=0.0).to(tl.float32)  # (LP,)
         gcum = tl.cumsum(gh, axis=0)
         gtot = tl.sum(gh, axis=0) + gc
         w = tl.where(ml, tl.exp(gtot - gcum), 0.0)
         rhs = ub * w[:, None]  # decay-weighted u's
-        dec_s = tl.exp(gtot)
 
     if NK == 1:
-        offs_k = tl.arange(0, BK)
-        a0, kw, kv, qv, gv, mk = _load_tile(q_base, k_base, s_base, kb_base, g_base, gb_base,
-                                            offs_k, offs_v, offs_l, mv, ml,
-                                            sq_k, sk_k, ss_k, ss_v, skb_l, skb_k, sg_k, sgb_l, sgb_k, k_lim, dec_s,
-                                            KDA)
+        kw, gt, mk = _load_ring_keys(kb_base, gb_base, offs_k, offs_l, ml, skb_l, skb_k, sgb_l, sgb_k, K, gv, gtot,
+                                     KDA)
+        dvec = tl.exp(gt)
         kq = tl.sum(kv * qv, axis=0)
         s_ptrs = s_base + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v
         s_mask_flush = (offs_k < k_lim_flush)[:, None] & mv[None, :]
         if ROUTE == 0:
-            acc = a0 + tl.dot(kw, rhs, input_precision=DOT_PREC)  # A tile (BK, BV)
+            acc = s0 * dvec[:, None] + tl.dot(kw, rhs, input_precision=DOT_PREC)  # A tile (BK, BV)
             r = tl.sum(acc * kv[:, None], axis=0)
             hq = tl.sum(acc * qv[:, None], axis=0)
             u = beta * (vv - r)
@@ -154,17 +195,36 @@ def _delta_replay_kernel(
             tl.store(s_ptrs, (acc + kv[:, None] * u[None, :]).to(s_ptr.dtype.element_ty), mask=s_mask_flush)
         else:
             if flush:
-                acc = a0 + tl.dot(kw, rhs, input_precision=DOT_PREC)
+                if ROUTE == 1:
+                    acc = s0 * dvec[:, None] + tl.dot(kw, rhs, input_precision=DOT_PREC)
+                else:
+                    # fp32 rank-1 updates over the L-1 buffered entries (exact fp32, no
+                    # tensor-core operand staging; flush rows are 1/L of the work). The
+                    # ring entries are re-read one by one (L1/L2 hits: this program just
+                    # loaded them as tiles), which keeps register use, and so occupancy on
+                    # every other step, low.
+                    acc = s0 * dvec[:, None]
+                    gcum_j = tl.zeros([BK], dtype=tl.float32)
+                    for j in range(0, L - 1):
+                        kj = tl.load(kb_base + j * skb_l + offs_k * skb_k, mask=mk, other=0.0).to(tl.float32)
+                        uj = tl.load(ub_base + j * sub_l + offs_v * sub_v, mask=mv, other=0.0).to(tl.float32)
+                        if KDA:
+                            gj = tl.load(gb_base + j * sgb_l + offs_k * sgb_k, mask=mk, other=0.0).to(tl.float32)
+                        else:
+                            gj = tl.load(gb_base + j * sgb_l).to(tl.float32)
+                        gcum_j += gj
+                        acc += (kj * tl.exp(gt - gcum_j))[:, None] * uj[None, :]
                 r = tl.sum(acc * kv[:, None], axis=0)
                 hq = tl.sum(acc * qv[:, None], axis=0)
                 u = beta * (vv - r)
                 o = hq + kq * u
                 tl.store(s_ptrs, (acc + kv[:, None] * u[None, :]).to(s_ptr.dtype.element_ty), mask=s_mask_flush)
             else:
+                # Output only: S0^T (exp(G_c) x) plus the ring's inner products.
                 ak = tl.sum(kw * kv[:, None], axis=0)  # (LP,) weighted k_j . k_c
                 aq = tl.sum(kw * qv[:, None], axis=0)
-                r = tl.sum(a0 * kv[:, None], axis=0) + tl.sum(ak[:, None] * rhs, axis=0)
-                hq = tl.sum(a0 * qv[:, None], axis=0) + tl.sum(aq[:, None] * rhs, axis=0)
+                r = tl.sum(s0 * (dvec * kv)[:, None], axis=0) + tl.sum(ak[:, None] * rhs, axis=0)
+                hq = tl.sum(s0 * (dvec * qv)[:, None], axis=0) + tl.sum(aq[:, None] * rhs, axis=0)
                 u = beta * (vv - r)
                 o = hq + kq * u
         tl.store(kb_base + cc * skb_l + offs_k * skb_k, kv.to(kb_ptr.dtype.element_ty), mask=offs_k < k_lim_kbuf)
@@ -176,11 +236,11 @@ def _delta_replay_kernel(
         kqv = tl.zeros([BK], dtype=tl.float32)
         for i_k in range(NK):
             offs_k = i_k * BK + tl.arange(0, BK)
-            a0, kw, kv, qv, gv, mk = _load_tile(q_base, k_base, s_base, kb_base, g_base, gb_base,
-                                                offs_k, offs_v, offs_l, mv, ml,
-                                                sq_k, sk_k, ss_k, ss_v, skb_l, skb_k, sg_k, sgb_l, sgb_k, k_lim,
-                                                dec_s, KDA)
-            acc = a0 + tl.dot(kw, rhs, input_precision=DOT_PREC)
+            s0, kv, qv, gv = _load_current(q_base, k_base, s_base, g_base, offs_k, offs_v, mv_in,
+                                           sq_k, sk_k, ss_k, ss_v, sg_k, k_lim_in, KDA)
+            kw, gt, mk = _load_ring_keys(kb_base, gb_base, offs_k, offs_l, ml, skb_l, skb_k, sgb_l, sgb_k, K, gv,
+                                         gtot, KDA)
+            acc = s0 * tl.exp(gt)[:, None] + tl.dot(kw, rhs, input_precision=DOT_PREC)
             r += tl.sum(acc * kv[:, None], axis=0)
             hq += tl.sum(acc * qv[:, None], axis=0)
             kqv += kv * qv
@@ -192,11 +252,11 @@ def _delta_replay_kernel(
         if flush:
             for i_k in range(NK):
                 offs_k = i_k * BK + tl.arange(0, BK)
-                a0, kw, kv, qv, gv, mk = _load_tile(q_base, k_base, s_base, kb_base, g_base, gb_base,
-                                                    offs_k, offs_v, offs_l, mv, ml,
-                                                    sq_k, sk_k, ss_k, ss_v, skb_l, skb_k, sg_k, sgb_l, sgb_k,
-                                                    k_lim, dec_s, KDA)
-                acc = a0 + tl.dot(kw, rhs, input_precision=DOT_PREC)
+                s0, kv, qv, gv = _load_current(q_base, k_base, s_base, g_base, offs_k, offs_v, mv_in,
+                                               sq_k, sk_k, ss_k, ss_v, sg_k, k_lim_in, KDA)
+                kw, gt, mk = _load_ring_keys(kb_base, gb_base, offs_k, offs_l, ml, skb_l, skb_k, sgb_l, sgb_k, K,
+                                             gv, gtot, KDA)
+                acc = s0 * tl.exp(gt)[:, None] + tl.dot(kw, rhs, input_precision=DOT_PREC)
                 tl.store(s_base + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v,
                          (acc + kv[:, None] * u[None, :]).to(s_ptr.dtype.element_ty),
                          mask=(offs_k < k_lim_flush)[:, None] & mv[None, :])
@@ -205,9 +265,10 @@ def _delta_replay_kernel(
     if not KDA:
         tl.store(gb_base + cc * sgb_l, gc.to(gb_ptr.dtype.element_ty), mask=k_lim_gbuf > 0)
     if WRITE_IDLE:
-        o_mask = offs_v < V  # idle rows: every load was masked, so o == 0 there
-    else:
+        o = tl.where(active, o, 0.0)
         o_mask = mv
+    else:
+        o_mask = mv_act
     tl.store(o_ptr + b * so_b + h * so_h + offs_v * so_v, o.to(o_ptr.dtype.element_ty), mask=o_mask)
 
 
@@ -229,7 +290,7 @@ def advance_cursor_triton(cursor: torch.Tensor, L: int) -> None:
 
 
 def _default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool):
-    """(block_v, num_warps) picked per shape; see examples/benchmarks/bench_delta.py."""
+    """(block_v, num_warps) per shape, from the launch sweep of examples/benchmarks/bench_delta.py."""
     bk = triton.next_power_of_2(K)
     if bk >= 256:
         return 16, 8
@@ -250,7 +311,8 @@ def delta_replay_decode_triton(
     out: torch.Tensor | None = None,
     *,
     write_idle: bool | None = None,
-    route: int = 0,
+    route: int | None = None,
+    eager: bool | None = None,
     block_v: int | None = None,
     block_k: int | None = None,
     num_warps: int | None = None,
@@ -280,6 +342,10 @@ def delta_replay_decode_triton(
     NK = triton.cdiv(K, BK)
     LP = max(16, triton.next_power_of_2(L))
     NV = triton.cdiv(V, BV)
+    if route is None:
+        route = DEFAULT_ROUTE
+    if eager is None:
+        eager = DEFAULT_EAGER
     if NK > 1:
         route = 0
     sg = (g.stride(0), g.stride(1), g.stride(2) if kda else 0)
@@ -290,7 +356,7 @@ def delta_replay_decode_triton(
         *q.stride(), *k.stride(), *v.stride(), *sg, *beta.stride(),
         *state.stride(), *u_buf.stride(), *k_buf.stride(), *sgb, *out.stride(), cursor.stride(0),
         HV, HV // Hk, K, V, L, NV,
-        KDA=kda, BK=BK, NK=NK, BV=BV, LP=LP, ROUTE=route, WRITE_IDLE=bool(write_idle),
+        KDA=kda, BK=BK, NK=NK, BV=BV, LP=LP, ROUTE=int(route), EAGER=bool(eager), WRITE_IDLE=bool(write_idle),
         DOT_PREC="ieee" if triton_interpreter_on() else "tf32x3",
         num_warps=num_warps or nw_def,
     )

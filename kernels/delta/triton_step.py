@@ -85,7 +85,9 @@ def delta_step_decode_triton(
     out = torch.empty((Bt, HV, V), dtype=v.dtype, device=v.device)
     if Bt == 0:
         return out
-    BV = block_v or (32 if BK <= 128 else 16)
+    # Defaults from a launch sweep on an H200 at batch 256 (examples/benchmarks/bench_delta.py):
+    # 64 value columns per program for fp32 states, 32 for 16-bit ones; 4 warps.
+    BV = block_v or ((64 if state.element_size() >= 4 else 32) if BK <= 128 else 16)
     BV = max(16, min(BV, triton.next_power_of_2(V)))
     NV = triton.cdiv(V, BV)
     sg = (g.stride(0), g.stride(1), g.stride(2) if kda else 0)

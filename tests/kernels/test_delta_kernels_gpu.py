@@ -78,7 +78,7 @@ def _close(a, b, tol):
     torch.testing.assert_close(a.float(), b.float(), equal_nan=True, **tol)
 
 
-def _cycle_vs_reference(shape, state_dtype, act, L, route=0, seed=0, steps=None):
+def _cycle_vs_reference(shape, state_dtype, act, L, seed=0, steps=None, **kw):
     Hk, HV, K, V, kda = SHAPES[shape]
     gen = torch.Generator(device=DEV).manual_seed(seed)
     Bt = 4
@@ -90,7 +90,7 @@ def _cycle_vs_reference(shape, state_dtype, act, L, route=0, seed=0, steps=None)
 
     for step in range(2 * L + 1 if steps is None else steps):
         x = _token(gen, Bt, Hk, HV, K, V, kda, act, packed=(step % 3 == 2))
-        o_k = delta_replay_decode_triton(*x, *ker, route=route)
+        o_k = delta_replay_decode_triton(*x, *ker, **kw)
         o_r = delta_replay_decode_reference(*x, *ref)
         assert o_k.dtype == act
         _close(o_k, o_r, tol_o)
@@ -115,15 +115,23 @@ def test_replay_matches_reference_L(shape, dtypes, L):
     _cycle_vs_reference(shape, *dtypes, L=L)
 
 
+VARIANTS = {"route0": dict(route=0), "route1": dict(route=1), "route2-lazy": dict(route=2, eager=False)}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("dtypes", [(F32, F32), (BF16, BF16)], ids=["s32-a32", "sbf16-abf16"])
 @pytest.mark.parametrize("shape", ["qwen35-122b", "kimi-kda", "odd-gdn"])
-def test_replay_output_only_route_matches_reference(shape, dtypes):
-    _cycle_vs_reference(shape, *dtypes, L=16, route=1)
+def test_replay_routes_match_reference(shape, dtypes, variant):
+    """The non-default kernel variants (the L8 suite runs the defaults)."""
+    _cycle_vs_reference(shape, *dtypes, L=16, **VARIANTS[variant])
 
 
+@pytest.mark.parametrize("route", [None, 0])
 @pytest.mark.parametrize("shape", ["qwen35-4b", "kimi-kda"])
-def test_fp32_replay_equals_exact_recurrence(shape):
+def test_fp32_replay_equals_exact_recurrence(shape, route):
     """fp32 everywhere: the replay kernel tracks the ordinary recurrence to ~1e-5."""
+    from replayssm.kernels.delta.triton_decode import delta_replay_decode_triton
+
     Hk, HV, K, V, kda = SHAPES[shape]
     L, Bt = 16, 4
     gen = torch.Generator(device=DEV).manual_seed(1)
@@ -132,7 +140,7 @@ def test_fp32_replay_equals_exact_recurrence(shape):
     worst_o = worst_s = 0.0
     for step in range(2 * L + 1):
         x = _token(gen, Bt, Hk, HV, K, V, kda, F32)
-        o_k = delta_replay_decode(*x, *ker, backend="triton")
+        o_k = delta_replay_decode_triton(*x, *ker, route=route)
         o_e = delta_step_decode_reference(*x, exact)
         worst_o = max(worst_o, ((o_k - o_e).norm() / o_e.norm()).item())
         if step % L == L - 1:
