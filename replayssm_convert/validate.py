@@ -7,11 +7,13 @@ model), decodes a fixed random prompt greedily, then applies the recorded block 
 so the logits of every step can be compared even after a near tie. The decode is long
 enough to cross at least one checkpoint flush.
 
-Tolerances (on the raw logits, relative to the largest reference logit ``scale``):
-fp32 1e-4 x max(1, scale); fp16 1e-2 x scale; bf16 5e-2 x scale — the looser of the
-model dtype's and the checkpoint-state dtype's (``state_dtype``). Greedy tokens must
-agree at every step except where the reference's top-2 margin is below twice the
-tolerance (a near tie, where rounding may legitimately pick either token).
+Logits tolerance (max |difference| of the raw logits, relative to the largest reference
+logit ``scale``): fp32 1e-4 x max(1, scale); fp16 5e-2 x scale; bf16 0.15 x scale — the
+looser of the model dtype's and the checkpoint-state dtype's (``state_dtype``). In 16-bit
+the stock path itself rounds differently from the ReplaySSM path (which keeps fp32 states),
+so the logits bound is loose there and the greedy tokens carry the check: they must agree
+at every step, except at a near tie — where the reference's top-2 margin is within twice
+the logits difference measured at that step, so rounding may pick either token.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from .errors import CheckpointError, ConfigError
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _CONFIG_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-RELATIVE_TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+RELATIVE_TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-2, torch.bfloat16: 1.5e-1}
 
 
 @dataclass(frozen=True)
@@ -306,7 +308,8 @@ def validate_checkpoint(
         top2 = ref_logits.topk(2, dim=-1).values if ref_logits.shape[-1] > 1 else ref_logits.repeat(1, 1, 2)
         margin = top2[..., 0] - top2[..., 1]
         equal = ref_arg == pat_arg
-        near_tie = margin <= 2 * tol
+        step_diff = (pat_logits - ref_logits).abs().amax(-1) if finite else torch.full_like(margin, float("inf"))
+        near_tie = margin <= 2 * torch.minimum(step_diff, torch.full_like(step_diff, tol))
         bad = (~equal) & (~near_tie)
         result.tokens_compared = int(equal.numel())
         result.tokens_equal = int(equal.sum())

@@ -11,8 +11,14 @@ from pathlib import Path
 
 
 def cli_command() -> list[str]:
+    """The installed console script of this Python (else ``python -m replayssm.cli``)."""
+    beside = Path(sys.executable).parent / ("replayssm.exe" if os.name == "nt" else "replayssm")
+    if beside.is_file():
+        return [str(beside)]
     exe = shutil.which("replayssm")
-    return [exe] if exe else [sys.executable, "-m", "replayssm.cli"]
+    if exe and Path(exe).resolve().parent == Path(sys.executable).resolve().parent:
+        return [exe]
+    return [sys.executable, "-m", "replayssm.cli"]
 
 
 def cli_env(tiny_cache: Path, **extra: str) -> dict[str, str]:

@@ -9,7 +9,7 @@ from cli_helpers import parse_json
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("family", ["nemotron_h", "zamba2", "qwen3_next", "kimi_linear"])
 def test_convert_validates_on_cuda(family, dtype, tiny_dir, tmp_path):
     import replayssm

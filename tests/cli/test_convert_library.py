@@ -296,6 +296,7 @@ def test_tolerances():
 
     assert tolerance(torch.float32, 30.0) == pytest.approx(3e-3)
     assert tolerance(torch.float32, 0.5) == pytest.approx(1e-4)
+    assert tolerance(torch.bfloat16, 10.0) == pytest.approx(1.5)
     assert tolerance(torch.bfloat16, 10.0) > tolerance(torch.float16, 10.0) > tolerance(torch.float32, 10.0)
     cpu = torch.device("cpu")
     assert resolve_dtype("auto", cpu, {"dtype": "bfloat16"}) == torch.float32
