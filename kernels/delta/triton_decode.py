@@ -21,9 +21,10 @@ Routes (``route``, constexpr):
 Flush rows (``cursor == L - 1``, decided per row on the device) write ``A + k_c u_c^T``
 back as the new checkpoint, rounded once; other active rows append ``(u_c, k_c, g_c)`` at
 ring slot ``cursor`` (k by one program per key head). Ring slots ``>= cursor`` are never
-read. Rows with a negative cursor write nothing (``out`` untouched, or zeros in a freshly
-allocated output); with ``eager`` (default) their current-token inputs and checkpoint tile
-are still loaded, so that those loads need not wait for the cursor load, and ignored.
+read. Rows with a negative cursor read and write nothing (``out`` untouched, or zeros in a
+freshly allocated output); with ``eager=True`` (not the default) their current-token
+inputs and checkpoint tile are still loaded, and ignored, so that those loads need not
+wait for the cursor load.
 The cursors are advanced by a second tiny launch after every program has read them. No
 host-side decision depends on tensor values, so the launches can be captured in a CUDA
 graph. The interpreter runs dots with ``"ieee"`` precision.
@@ -43,8 +44,10 @@ __all__ = ["delta_replay_decode_triton", "advance_cursor_triton"]
 #: 0 state-and-output on every row (tf32x3 dot); 1 output-only on non-flush rows, dot on
 #: flush rows; 2 output-only on non-flush rows, fp32 rank-1 updates on flush rows.
 DEFAULT_ROUTE = 2
-#: load the current token and the checkpoint tile without waiting for the cursor.
-DEFAULT_EAGER = True
+#: load the current token and the checkpoint tile without waiting for the cursor (idle
+#: rows then read them too). Off by default so that idle rows read nothing: on the H200 it
+#: gained only 1-2% (batch 256, L=16).
+DEFAULT_EAGER = False
 
 
 @triton.jit
@@ -290,10 +293,15 @@ def advance_cursor_triton(cursor: torch.Tensor, L: int) -> None:
 
 
 def _default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool):
-    """(block_v, num_warps) per shape, from the launch sweep of examples/benchmarks/bench_delta.py."""
+    """(block_v, num_warps) per shape, from the launch sweep of examples/benchmarks/bench_delta.py
+    on an H200 (2026-11-30, batch 256, L=16; see examples/benchmarks/results/delta_h200_2026-11-30.md):
+    32 value columns and 4 warps, except 64 columns for Gated DeltaNet with a 16-bit
+    checkpoint (262 vs 315 µs)."""
     bk = triton.next_power_of_2(K)
     if bk >= 256:
         return 16, 8
+    if not kda and state_dtype in (torch.bfloat16, torch.float16) and bk <= 128:
+        return 64, 4
     return 32, 4
 
 
@@ -320,9 +328,12 @@ def delta_replay_decode_triton(
     """Triton version of ``delta_replay_decode_reference`` (same arguments and result).
 
     Keyword-only extras: ``write_idle`` (store zeros for idle rows; defaults to
-    ``out is None``), and tuning knobs ``route`` (0 state-and-output, 1 output-only on
-    non-flush rows), ``block_v``, ``block_k`` (K tile; default the whole key dim up to
-    256), ``num_warps``.
+    ``out is None``), and tuning knobs ``route`` (0 state-and-output with a tf32x3 dot on
+    every row; 1 output-only on non-flush rows, dot on flush rows; 2, the default,
+    output-only on non-flush rows and fp32 rank-1 updates on flush rows), ``eager``
+    (load the current token and checkpoint before the cursor is known; idle rows then read
+    them too), ``block_v``, ``block_k`` (K tile; default the whole key dim up to 256; more
+    than one tile forces route 0), ``num_warps``.
     """
     Bt, HV, Hk, L, K, V = _check_shapes(q, k, v, g, beta, state, u_buf, k_buf, g_buf)
     if cursor.dtype != torch.int32 or tuple(cursor.shape) != (Bt,):

@@ -70,6 +70,7 @@ CASES = [
     ("gdn-gva-L4-route1", 2, 4, 20, 24, 4, False, dict(route=1)),
     ("gdn-L3-ktiles", 1, 2, 40, 24, 3, False, dict(block_k=16)),
     ("gdn-L1", 2, 4, 20, 24, 1, False, {}),
+    ("gdn-L3-bv64", 1, 2, 20, 72, 3, False, dict(block_v=64)),
     ("kda-L4", 2, 2, 20, 24, 4, True, {}),
     ("kda-L4-route1", 2, 2, 20, 24, 4, True, dict(route=1)),
     ("kda-L4-route2-lazy-2vblocks", 2, 2, 20, 24, 4, True, dict(route=2, eager=False, block_v=16)),
