@@ -33,7 +33,7 @@ def convert_command(
                                help="Device for validation: auto, cpu, cuda, cuda:N."),
     dtype: DType = typer.Option(DType.auto, "--dtype", case_sensitive=False,
                                 help="dtype for validation (auto: the checkpoint's on GPU, fp32 on CPU)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Run every check and show the plan; write nothing."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Check input, options and output, show the plan; write nothing (no validation)."),
     force: bool = typer.Option(False, "--force", "-f", help="Replace an existing OUT_DIR (only once the new one is "
                                                            "complete)."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code",
@@ -42,10 +42,9 @@ def convert_command(
 ) -> int:
     """Convert a Hugging Face hybrid checkpoint into a ReplaySSM checkpoint.
 
-    OUT_DIR is a standard checkpoint: the same weight files byte for byte, tokenizer and
-    generation config copied, and config.json gaining a "replayssm" block. Stock transformers
-    still loads it as the original model; replayssm.from_pretrained(OUT_DIR) loads it patched.
-    OUT_DIR appears atomically: on any error or Ctrl-C nothing is left behind.
+    OUT_DIR is a standard checkpoint: the same weight files byte for byte, tokenizer and generation config copied, and config.json gaining a "replayssm" block. Stock transformers still loads it as the original model; replayssm.from_pretrained(OUT_DIR) loads it patched. By default the converted checkpoint is validated (original vs ReplaySSM logits and greedy tokens) before OUT_DIR appears, atomically: on any error or Ctrl-C nothing is left behind.
+
+    MODEL needs safetensors weights (model.safetensors or a sharded index); checkpoints with only pytorch_model*.bin are refused (re-save them with save_pretrained first).
 
     [bold]Examples[/bold]
 

@@ -254,13 +254,8 @@ def convert(
     total = scan.copy_bytes(len(config_text.encode("utf-8")))
     check_disk_space(out, total)
 
-    if validate:
-        from .validate import resolve_dtype
-
-        act_name = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(
-            str(resolve_dtype(dtype, resolved_device, scan.config)).replace("torch.", ""), "bf16")
-    else:
-        act_name = checkpoint_dtype_name(scan.config) or "bf16"
+    # ring buffers hold activations in the dtype the model runs in: the checkpoint's
+    act_name = checkpoint_dtype_name(scan.config) or "bf16"
     files = list(scan.weights) + ([scan.index] if scan.index else []) + \
         [FileEntry(CONFIG_NAME, len(config_text.encode("utf-8")), "config")] + list(scan.others)
     result = ConvertResult(

@@ -302,3 +302,19 @@ def test_tolerances():
     assert resolve_dtype("auto", cpu, {"dtype": "bfloat16"}) == torch.float32
     assert resolve_dtype("auto", torch.device("cuda"), {"torch_dtype": "bfloat16"}) == torch.bfloat16
     assert resolve_dtype("fp16", cpu) == torch.float16
+
+
+def test_unreadable_inputs(tiny_dir, tmp_path):
+    """A shard that cannot be opened, a MODEL that is a file: one clear CheckpointError each."""
+    import replayssm
+    from replayssm.errors import CheckpointError
+
+    src = tmp_path / "dangling"
+    shutil.copytree(tiny_dir("mamba2"), src)
+    (src / "model.safetensors").unlink()
+    (src / "model.safetensors").symlink_to(tmp_path / "gone.safetensors")
+    with pytest.raises(CheckpointError, match="cannot read .*model.safetensors"):
+        replayssm.convert(src, tmp_path / "out", validate=False)
+    with pytest.raises(CheckpointError, match="is a file, not a checkpoint directory"):
+        replayssm.convert(tiny_dir("mamba2") / "config.json", tmp_path / "out", validate=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling"]
