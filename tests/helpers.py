@@ -46,3 +46,21 @@ def generate(model, ids, mask, **kwargs):
 def max_logit_diff(a, b) -> float:
     return max((x.float() - y.float()).abs().max().item() for x, y in zip(a.logits, b.logits))
 
+
+
+def assert_close_until_near_tie(out, ref, prompt_len: int, tol: float) -> None:
+    """Low-precision parity: logits agree within ``tol`` up to the first differing token, and
+    that token may only differ where the reference's top-2 logits were within ``2 * tol``
+    (a near-tie that rounding may flip; after it the continuations legitimately diverge)."""
+    new_out, new_ref = out.sequences[:, prompt_len:], ref.sequences[:, prompt_len:]
+    steps = min(new_out.shape[1], new_ref.shape[1])
+    differs = (new_out[:, :steps] != new_ref[:, :steps]).any(dim=0).nonzero()
+    first = int(differs[0]) if differs.numel() else steps
+    for t in range(first):
+        diff = (out.logits[t].float() - ref.logits[t].float()).abs().max().item()
+        assert diff < tol, f"step {t}: logits differ by {diff} (tol {tol})"
+    if first < steps:
+        rows = (new_out[:, first] != new_ref[:, first]).nonzero().flatten()
+        top2 = ref.logits[first].float()[rows].topk(2, dim=-1).values
+        margin = (top2[:, 0] - top2[:, 1]).max().item()
+        assert margin < 2 * tol, f"step {first}: tokens differ although the reference margin was {margin}"

@@ -8,7 +8,7 @@ import replayssm
 from replayssm import NoSSMLayersError, UnsupportedLayerError, ConfigError
 from replayssm.patches.cache_state import get_buffers
 
-from helpers import generate, left_padded_batch, max_logit_diff, tiny
+from helpers import assert_close_until_near_tie, generate, left_padded_batch, max_logit_diff, tiny
 
 
 def test_sampling_num_return_sequences_and_repeated_calls():
@@ -107,10 +107,7 @@ def test_bf16_model(state_dtype):
         out = generate(model, ids, mask, max_new_tokens=24, min_new_tokens=24)
     finally:
         replayssm.unpatch(model)
-    # bf16: compare the logits of the first step after the prompt tightly, the rest loosely
-    assert (out.logits[0].float() - ref.logits[0].float()).abs().max() < 0.1
-    agree = (out.sequences == ref.sequences).float().mean()
-    assert agree > 0.8
+    assert_close_until_near_tie(out, ref, ids.shape[1], tol=0.15)
 
 
 def test_fp16_model_runs_close():

@@ -6,7 +6,8 @@ import transformers
 
 import replayssm
 
-from helpers import DELTA_FAMILIES, MAMBA2_FAMILIES, generate, left_padded_batch, max_logit_diff, tiny
+from helpers import (DELTA_FAMILIES, MAMBA2_FAMILIES, assert_close_until_near_tie, generate, left_padded_batch,
+                     max_logit_diff, tiny)
 
 pytestmark = pytest.mark.gpu
 
@@ -44,10 +45,8 @@ def test_bf16_on_cuda_within_tolerance(family, state_dtype):
     finally:
         replayssm.unpatch(model)
         model.to("cpu")
-    first = (out.logits[0].float() - ref.logits[0].float()).abs().max().item()
-    assert first < 0.1
-    assert (out.sequences == ref.sequences).float().mean() > 0.8
     assert torch.isfinite(torch.stack(out.logits)).all()
+    assert_close_until_near_tie(out, ref, ids.shape[1], tol=0.15)
 
 
 def _decode_inputs(batch, steps, seed):
