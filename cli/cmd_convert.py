@@ -57,7 +57,7 @@ def convert_command(
       replayssm convert ./Zamba2-7B out/zamba --layers 'model\\.layers\\.[0-9]\\.mamba' --json
     """
     from replayssm.checkpoint import human_bytes
-    from replayssm.convert import convert
+    from replayssm.conversion import convert
 
     from .progress import RichProgress
     from .render import check_line, files_table, note_line, summary_table

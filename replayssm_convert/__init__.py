@@ -11,12 +11,6 @@ inputs, computes each decode step's output from them, and writes the state once 
 
 __version__ = "0.1.0"
 
-from .api import is_patched, patch, replayssm_report, unpatch
-from .config import SCHEMA_VERSION, ReplaySSMConfig
-from .discovery import SSMLayerInfo, find_ssm_layers
-from .convert import ConvertResult, convert
-from .io import from_pretrained, save_pretrained
-from .validate import ValidationResult, validate_checkpoint
 from .errors import (
     CheckpointError,
     ConfigError,
@@ -29,6 +23,33 @@ from .errors import (
     UnsupportedLayerError,
     ValidationFailedError,
 )
+
+# Everything else is imported on first use, so that `import replayssm` (and every CLI start,
+# `--help` and `--version` included) does not pay for importing torch and transformers.
+_LAZY = {
+    "is_patched": "api", "patch": "api", "replayssm_report": "api", "unpatch": "api",
+    "SCHEMA_VERSION": "config", "ReplaySSMConfig": "config",
+    "SSMLayerInfo": "discovery", "find_ssm_layers": "discovery",
+    "ConvertResult": "conversion", "convert": "conversion",
+    "from_pretrained": "io", "save_pretrained": "io",
+    "ValidationResult": "validate", "validate_checkpoint": "validate",
+}
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'replayssm' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "SCHEMA_VERSION",

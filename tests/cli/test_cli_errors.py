@@ -182,7 +182,7 @@ def test_sigterm_maps_to_143(monkeypatch, capsys, tmp_path):
     def terminated(*args, **kwargs):
         cli_main._on_sigterm(_signal.SIGTERM, None)
 
-    monkeypatch.setattr(sys.modules["replayssm.convert"], "convert", terminated)
+    monkeypatch.setattr(sys.modules["replayssm.conversion"], "convert", terminated)
     assert cli_main.main(["convert", "tiny:mamba2", str(tmp_path / "out")]) == 143
     error, _ = one_error(capsys.readouterr().err)
     assert "terminated" in error
