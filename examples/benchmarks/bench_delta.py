@@ -29,6 +29,7 @@ import json
 import math
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -36,6 +37,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the shared timing helpers
+from timing import copy_bandwidth, time_steps  # noqa: E402
 
 SHAPES = {  # name: (Hk, HV, K, V, kda)
     "qwen3.5-4b-gdn": (16, 32, 128, 128, False),
@@ -93,48 +97,6 @@ def load_fla():
 
 
 # ----------------------------------------------------------------------------- timing
-
-def copy_bandwidth(dev) -> float:
-    """Device-to-device copy bandwidth in bytes/s, counting bytes read + written."""
-    import triton.testing
-
-    n = 1 << 30
-    a = torch.empty(n, dtype=torch.uint8, device=dev).random_(0, 255)
-    b = torch.empty_like(a)
-    ms = triton.testing.do_bench(lambda: b.copy_(a), warmup=25, rep=150, return_mode="median")
-    del a, b
-    return 2 * n / (ms * 1e-3)
-
-
-def time_steps(body, steps: int, graph: bool = True) -> float:
-    """Median µs per step of ``body`` (which runs ``steps`` steps), replayed as a CUDA graph."""
-    if not torch.cuda.is_available():  # CPU smoke run (interpreter): plain wall clock
-        body()
-        t0 = time.perf_counter()
-        body()
-        return (time.perf_counter() - t0) * 1e6 / steps
-    import triton.testing
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        body()  # compiles; a whole cycle brings the cursors back where they started
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    if graph:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            body()
-        fn = g.replay
-    else:
-        fn = body
-    fn()
-    torch.cuda.synchronize()
-    ms = triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
-    if graph:
-        del g
-    return ms * 1e3 / steps
-
 
 # ----------------------------------------------------------------------------- bytes
 

@@ -34,6 +34,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the shared timing helpers
+from timing import copy_bandwidth, time_steps  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 SHAPES = {  # (H, P, N, G)
     "nemotron3-nano-4b": (96, 80, 128, 8),
@@ -84,43 +87,6 @@ def load_hf():
 
 
 # ----------------------------------------------------------------------------- timing
-
-def copy_bandwidth(dev) -> float:
-    """Device-to-device copy bandwidth in bytes/s, counting bytes read + written."""
-    import triton.testing
-
-    n = 1 << 30  # 1 GiB each way
-    a = torch.empty(n, dtype=torch.uint8, device=dev).random_(0, 255)
-    b = torch.empty_like(a)
-    ms = triton.testing.do_bench(lambda: b.copy_(a), warmup=50, rep=300, return_mode="median")
-    del a, b
-    return 2 * n / (ms * 1e-3)
-
-
-def time_graph(body, steps: int, use_graph: bool = True) -> float:
-    """Median µs per step of ``body`` (which runs ``steps`` steps) captured in a CUDA graph."""
-    import triton.testing
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        body()  # warm-up: compiles, and a full cycle leaves the cursors where they started
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    if use_graph:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            body()
-        fn = g.replay
-    else:
-        fn = body
-    fn()
-    torch.cuda.synchronize()
-    ms = triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
-    if use_graph:
-        del g
-    return ms * 1e3 / steps
-
 
 # ----------------------------------------------------------------------------- bytes
 
@@ -201,7 +167,7 @@ def bench_config(name, shape, Bt, sdt, adt, Ls, mssu, hf, dev, copy_bw, use_grap
                 launch_mamba2_step_decode(lay.x, lay.dt, lay.B, lay.C, st, lay.A, lay.dt_bias, lay.D, None, True,
                                           lay.out)
 
-    res["step_us"] = time_graph(step_body, K * R, use_graph)
+    res["step_us"] = time_steps(step_body, K * R, graph=use_graph)
     if mssu is not None:
         def mssu_body():
             for _ in range(K):
@@ -210,7 +176,7 @@ def bench_config(name, shape, Bt, sdt, adt, Ls, mssu, hf, dev, copy_bw, use_grap
                          dt_softplus=True)
 
         try:
-            res["mamba_ssm_us"] = time_graph(mssu_body, K * R, use_graph)
+            res["mamba_ssm_us"] = time_steps(mssu_body, K * R, graph=use_graph)
         except Exception as e:
             res["mamba_ssm_error"] = f"{type(e).__name__}: {e}"[:300]
     if hf is not None and Bt <= hf_max_batch:
@@ -223,7 +189,7 @@ def bench_config(name, shape, Bt, sdt, adt, Ls, mssu, hf, dev, copy_bw, use_grap
                        dt_softplus=True)
 
         try:
-            res["hf_us"] = time_graph(hf_body, Kh * R, use_graph)
+            res["hf_us"] = time_steps(hf_body, Kh * R, graph=use_graph)
         except Exception as e:
             res["hf_error"] = f"{type(e).__name__}: {e}"[:300]
     from replayssm.kernels.mamba2.triton_decode import make_replay_config
@@ -243,14 +209,14 @@ def bench_config(name, shape, Bt, sdt, adt, Ls, mssu, hf, dev, copy_bw, use_grap
                     launch_mamba2_replay_decode(lay.x, lay.dt, lay.B, lay.C, st, xb, db, bb, cur, lay.A,
                                                 lay.dt_bias, lay.D, None, True, lay.out, False, config=cfg)
 
-        res[f"replay_L{L}_us"] = time_graph(replay_body, L * R, use_graph)
+        res[f"replay_L{L}_us"] = time_steps(replay_body, L * R, graph=use_graph)
         res[f"replay_L{L}_floor_us"] = replay_bytes(Bt, H, P, N, G, L, s, a) / copy_bw * 1e6
         res[f"buffer_pct_L{L}"] = buffer_pct(H, P, N, G, L, s, a)
         if L == stagger_L and Bt >= L:
             # serving-like: row b starts at cursor b % L, so 1/L of the rows flush at every step
             for _, _, _, cur in bufs:
                 cur.copy_(torch.arange(Bt, device=cur.device, dtype=cur.dtype) % L)
-            res[f"replay_L{L}_staggered_us"] = time_graph(replay_body, L * R, use_graph)
+            res[f"replay_L{L}_staggered_us"] = time_steps(replay_body, L * R, graph=use_graph)
         del bufs
     res["replay_config"] = tuned or "default heuristics"
     del lay
@@ -353,7 +319,7 @@ def tune_replay(name, shape, sdt, dev, copy_bw, tuning, log, Bt=256, L=16):
                                                 lay.dt_bias, lay.D, None, True, lay.out, False, config=cfg)
 
         try:
-            us = time_graph(body, L)
+            us = time_steps(body, L)
         except Exception as e:  # pragma: no cover
             tuning.append(dict(shape=name, state=str(sdt), knobs=kn, error=str(e)[:300]))
             continue
@@ -409,7 +375,7 @@ def sweep(dev, copy_bw, out_dir, log):
                                                     lay.dt_bias, lay.D, None, True, lay.out, False, config=cfg)
 
             try:
-                us = time_graph(body, L * R)
+                us = time_steps(body, L * R)
                 rows.append(dict(kernel="replay", batch=Bt, state=str(sdt), L=L, knobs=kn, us=us, frac=floor / us))
                 if us < best[1]:
                     best = (kn, us)
@@ -428,7 +394,7 @@ def sweep(dev, copy_bw, out_dir, log):
                             launch_mamba2_replay_decode(lay.x, lay.dt, lay.B, lay.C, st, xb, db, bb, cur, lay.A,
                                                         lay.dt_bias, lay.D, None, True, lay.out, False, config=cfg)
 
-                us = time_graph(body_k, 4 * R)
+                us = time_steps(body_k, 4 * R)
                 byts = Bt * ((2 if cval == L - 1 else 1) * H * P * N * s + cval * ent + 2 * ent + 2 * G * N * 2
                              + H * P * 2)
                 rows.append(dict(kernel="replay-phase", batch=Bt, state=str(sdt), phase=label, us=us,
@@ -444,7 +410,7 @@ def sweep(dev, copy_bw, out_dir, log):
                             launch_mamba2_replay_decode(lay.x, lay.dt, lay.B, lay.C, st, xb, db, bb, cur, lay.A,
                                                         lay.dt_bias, lay.D, None, True, lay.out, False, config=cfg2)
 
-                us = time_graph(body2, L2 * R)
+                us = time_steps(body2, L2 * R)
                 fl = replay_bytes(Bt, H, P, N, G, L2, s, 2) / copy_bw * 1e6
                 rows.append(dict(kernel="replay", batch=Bt, state=str(sdt), L=L2, knobs=best[0], us=us, frac=fl / us))
                 log(rows[-1])
@@ -459,7 +425,7 @@ def sweep(dev, copy_bw, out_dir, log):
                                                   True, lay.out, config=cfg)
 
             try:
-                us = time_graph(sbody, 4 * R)
+                us = time_steps(sbody, 4 * R)
                 rows.append(dict(kernel="step", batch=Bt, state=str(sdt), knobs=kn, us=us, frac=floor_s / us))
             except Exception as e:
                 rows.append(dict(kernel="step", batch=Bt, state=str(sdt), knobs=kn, error=str(e)[:300]))
