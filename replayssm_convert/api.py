@@ -81,19 +81,18 @@ def patch(
         names = ", ".join(r.name for r in records[:6]) + (", ..." if len(records) > 6 else "")
         raise ConfigError(f"layers={list(cfg.layers)!r} matches none of the SSM layers ({names})")
     blocked = [r for r in selected if not r.can_rewrite]
+    if not any(r.can_rewrite for r in selected):
+        first = blocked[0]
+        raise UnsupportedLayerError(
+            f"none of the selected SSM layers can be rewritten; {first.name} ({first.class_name}): {first.reason}",
+            hint="`replayssm inspect MODEL` lists every SSM layer and whether this version can rewrite it",
+        )
     if blocked and cfg.strict:
         first = blocked[0]
         more = f" (and {len(blocked) - 1} more)" if len(blocked) > 1 else ""
         raise UnsupportedLayerError(
             f"cannot rewrite {first.name} ({first.class_name}): {first.reason}{more}",
-            hint="pass strict=False (--no-strict) to skip such layers, or layers= to choose others",
-        )
-
-    if not any(r.can_rewrite for r in selected):
-        first = blocked[0]
-        raise UnsupportedLayerError(
-            f"none of the selected SSM layers can be rewritten; {first.name} ({first.class_name}): {first.reason}",
-            hint="run `replayssm inspect MODEL` to see which layers this version supports",
+            hint="pass strict=False (CLI: --skip-unsupported) to skip such layers, or layers= (--layers) to pick others",
         )
     options = LayerReplayOptions(buffer_len=cfg.buffer_len, state_dtype=cfg.torch_state_dtype, backend=cfg.backend)
     rewritten: list[SSMLayerInfo] = []
