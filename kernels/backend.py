@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -24,15 +23,21 @@ class KernelBackendError(RuntimeError):
     """The requested backend cannot run on the given tensors."""
 
 
-@functools.lru_cache(maxsize=1)
+_TRITON_OK: bool | None = None
+
+
 def triton_available() -> bool:
-    """Whether ``import triton`` works."""
-    try:
-        import triton  # noqa: F401
-        import triton.language  # noqa: F401
-    except Exception:
-        return False
-    return True
+    """Whether ``import triton`` works (checked once; a plain global so torch.compile traces it)."""
+    global _TRITON_OK
+    if _TRITON_OK is None:
+        try:
+            import triton  # noqa: F401
+            import triton.language  # noqa: F401
+
+            _TRITON_OK = True
+        except Exception:
+            _TRITON_OK = False
+    return _TRITON_OK
 
 
 def triton_interpreter_on() -> bool:

@@ -1,5 +1,7 @@
 """ReplaySSM layers inside transformers: caches, generation modes, dtypes, patch/unpatch (CPU)."""
 
+import os
+
 import pytest
 import torch
 import transformers
@@ -172,3 +174,27 @@ def test_errors():
     with pytest.raises(ConfigError, match="buffer_len"):
         replayssm.patch(tiny("mamba2"), buffer_len=0)
     assert not replayssm.is_patched(tiny("mamba2"))
+
+
+@pytest.mark.parametrize("family", ["nemotron_h", "qwen3_5", "kimi_linear"])
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_decode_step_traces_without_graph_breaks(family, backend):
+    """torch.compile sees a patched mixer's decode step as one graph (kernels are custom ops)."""
+    if backend == "triton" and not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"):
+        pytest.skip("needs CUDA or the Triton interpreter")
+    model = tiny(family)
+    replayssm.patch(model, buffer_len=4, backend=backend)
+    try:
+        prompt = torch.randint(3, 512, (2, 5), generator=torch.Generator().manual_seed(0))
+        cache = transformers.DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(prompt, past_key_values=cache, use_cache=True)
+            model(prompt[:, :1], past_key_values=cache, use_cache=True)  # allocates the buffers
+            mixer = model.get_submodule(replayssm.find_ssm_layers(model)[0].name)
+            torch._dynamo.reset()
+            explained = torch._dynamo.explain(mixer)(torch.randn(2, 1, model.config.hidden_size), cache_params=cache)
+    finally:
+        replayssm.unpatch(model)
+        torch._dynamo.reset()
+    assert explained.graph_count == 1
+    assert explained.graph_break_count == 0, [str(b.reason) for b in explained.break_reasons]
