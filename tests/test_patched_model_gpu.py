@@ -49,6 +49,10 @@ def test_bf16_on_cuda_within_tolerance(family, state_dtype):
     assert_close_until_near_tie(out, ref, ids.shape[1], tol=0.15)
 
 
+# tiny:mamba2 is a Mamba2ForCausalLM, which takes its cache as `cache_params` (it ignores
+# `past_key_values`) in every supported transformers version
+
+
 def _decode_inputs(batch, steps, seed):
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, 512, (steps, batch, 1), generator=g).cuda()
@@ -71,7 +75,7 @@ def test_cuda_graph_replay_equals_eager_across_flushes():
         def fresh_cache():
             cache = transformers.DynamicCache(config=model.config)
             with torch.no_grad():
-                model(prompt, past_key_values=cache, use_cache=True)
+                model(prompt, cache_params=cache, use_cache=True)
             return cache
 
         # eager reference
@@ -79,14 +83,15 @@ def test_cuda_graph_replay_equals_eager_across_flushes():
         eager = []
         with torch.no_grad():
             for t in range(steps + 2):
-                eager.append(model(tokens[t], past_key_values=cache, use_cache=True).logits.clone())
+                eager.append(model(tokens[t], cache_params=cache, use_cache=True).logits.clone())
+        assert cache.layers[0]._replayssm.cursor.tolist() == [(steps + 2) % L] * batch
         # graph: two eager warm-up steps allocate buffers, then capture one step and replay
         cache = fresh_cache()
         static_in = tokens[0].clone()
         with torch.no_grad():
             for t in range(2):
                 static_in.copy_(tokens[t])
-                model(static_in, past_key_values=cache, use_cache=True)
+                model(static_in, cache_params=cache, use_cache=True)
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             graph = torch.cuda.CUDAGraph()
@@ -97,7 +102,7 @@ def test_cuda_graph_replay_equals_eager_across_flushes():
                     for l in layers]
             with torch.cuda.stream(stream):
                 with torch.cuda.graph(graph, stream=stream):
-                    static_out = model(static_in, past_key_values=cache, use_cache=True).logits
+                    static_out = model(static_in, cache_params=cache, use_cache=True).logits
             torch.cuda.current_stream().wait_stream(stream)
             for l, (conv, rec, bufs, cur) in zip(layers, snap):
                 l.conv_states[0].copy_(conv)
@@ -130,15 +135,17 @@ def test_torch_compile_patched_decode_step():
             cache = transformers.DynamicCache(config=model.config)
             outs = []
             with torch.no_grad():
-                model(prompt, past_key_values=cache, use_cache=True)
+                model(prompt, cache_params=cache, use_cache=True)
                 for t in range(6):
                     outs.append(step_fn(tokens[t], cache))
+            # the replay decode path really ran: every row's cursor advanced 6 times (L = 4)
+            assert cache.layers[0]._replayssm.cursor.tolist() == [6 % 4] * 2
             return torch.stack(outs)
 
-        eager = run(lambda ids, cache: model(ids, past_key_values=cache, use_cache=True).logits)
+        eager = run(lambda ids, cache: model(ids, cache_params=cache, use_cache=True).logits)
         torch._dynamo.reset()
         compiled_forward = torch.compile(model.forward, dynamic=False)
-        compiled = run(lambda ids, cache: compiled_forward(ids, past_key_values=cache, use_cache=True).logits)
+        compiled = run(lambda ids, cache: compiled_forward(ids, cache_params=cache, use_cache=True).logits)
         torch.testing.assert_close(compiled, eager, rtol=1e-3, atol=1e-3)
     finally:
         replayssm.unpatch(model)
