@@ -76,27 +76,18 @@ class ReplayMixin:
         batch = hidden_states.shape[0]
         act_dtype = hidden_states.dtype
         buffers = get_buffers(layer)
-        specs = self._replay_buffer_specs(batch, act_dtype)
-        fresh = (
-            buffers is None
-            or buffers.batch_size != batch
-            or buffers.buffer_len != opts.buffer_len
-            or buffers.cursor.device != state.device
-            or any(
-                name not in buffers.tensors
-                or tuple(buffers.tensors[name].shape) != shape
-                or buffers.tensors[name].dtype != dtype
-                for name, (shape, dtype) in specs.items()
-            )
-        )
-        if fresh:
+        key = (act_dtype, opts.buffer_len)
+        if (buffers is None or buffers.extra.get("key") != key or buffers.batch_size != batch
+                or buffers.cursor.device != state.device):  # first decode step of this cache / shape
             stock_dtype = buffers.stock_dtype if buffers is not None else state.dtype
+            specs = self._replay_buffer_specs(batch, act_dtype)
             tensors = {name: torch.zeros(shape, dtype=dtype, device=state.device) for name, (shape, dtype) in specs.items()}
             buffers = ReplayBuffers(
                 tensors=tensors,
                 cursor=torch.zeros(batch, dtype=torch.int32, device=state.device),
                 buffer_len=opts.buffer_len,
                 stock_dtype=stock_dtype,
+                extra={"key": key},
             )
             attach_buffers(layer, buffers)
         if opts.state_dtype is not None and state.dtype != opts.state_dtype:
