@@ -108,6 +108,19 @@ class ReplayMixin:
         if state.dtype != buffers.stock_dtype:
             compat.set_recurrent_state(layer, exact.to(buffers.stock_dtype))
 
+    def _conv(self, layer, x: torch.Tensor) -> torch.Tensor:
+        """x (B, C) -> conv output (B, C), updating the cache's conv state in place.
+
+        Uses transformers' own ``causal_conv1d_update`` of the original modeling file (the conv
+        path is unchanged by ReplaySSM); ``conv_step`` only where a file has none.
+        """
+        conv_state = compat.conv_state(layer)
+        weight = self.conv1d.weight.squeeze(1)
+        stock_conv = self._stock_function("causal_conv1d_update")
+        if stock_conv is not None:
+            return stock_conv(x[:, :, None], conv_state, weight, self.conv1d.bias, self.activation)[:, :, 0]
+        return conv_step(conv_state, x, weight, self.conv1d.bias, self.activation)
+
     def _stock_function(self, name: str):
         """A module-level function of the original class's modeling file (resolved at call time)."""
         original = getattr(type(self), "_replayssm_original_class", None)

@@ -19,13 +19,6 @@ import torch
 CACHE_KWARGS = ("cache", "cache_params", "past_key_values")
 
 
-def transformers_version() -> tuple[int, int]:
-    import transformers
-
-    major, minor = transformers.__version__.split(".")[:2]
-    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
-
-
 def find_cache(kwargs: dict[str, Any]):
     """The transformers cache passed to a mixer, under whichever keyword this version uses."""
     for key in CACHE_KWARGS:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from replayssm.kernels.delta import delta_replay_decode, delta_replay_materialize
 
 from . import compat
-from .base import ReplayMixin, apply_padding_mask, conv_step
+from .base import ReplayMixin, apply_padding_mask
 from .cache_state import ReplayBuffers
 
 
@@ -35,15 +35,6 @@ class _DeltaReplayMixin(ReplayMixin):
     def _replay_materialize(self, state, buffers: ReplayBuffers):
         t = buffers.tensors
         return delta_replay_materialize(state, t["u_buf"], t["k_buf"], t["g_buf"], buffers.cursor)
-
-    def _conv(self, layer, mixed_qkv: torch.Tensor) -> torch.Tensor:
-        """mixed_qkv (B, C) -> conv output (B, C), updating the cache's conv state in place."""
-        conv_state = compat.conv_state(layer)
-        stock_conv = self._stock_function("causal_conv1d_update")
-        weight = self.conv1d.weight.squeeze(1)
-        if stock_conv is not None:
-            return stock_conv(mixed_qkv[:, :, None], conv_state, weight, self.conv1d.bias, self.activation)[:, :, 0]
-        return conv_step(conv_state, mixed_qkv, weight, self.conv1d.bias, self.activation)
 
     def _run_kernel(self, layer, buffers, q, k, v, g, beta):
         t = buffers.tensors

@@ -14,7 +14,7 @@ import torch
 from replayssm.kernels.mamba2 import mamba2_replay_decode, mamba2_replay_materialize
 
 from . import compat
-from .base import ReplayMixin, apply_padding_mask, conv_step
+from .base import ReplayMixin, apply_padding_mask
 from .cache_state import ReplayBuffers
 
 
@@ -50,14 +50,7 @@ class ReplayMamba2Mixer(ReplayMixin):
             projected = projected * self.mup_vector
         gate, xBC, dt = projected.split([self.intermediate_size, self.conv_dim, self.num_heads], dim=-1)
 
-        conv_state = compat.conv_state(layer)
-        stock_conv = self._stock_function("causal_conv1d_update")
-        if stock_conv is not None:
-            xBC = stock_conv(xBC.transpose(1, 2), conv_state, self.conv1d.weight.squeeze(1), self.conv1d.bias,
-                             activation=self.activation).transpose(1, 2)
-        else:
-            xBC = conv_step(conv_state, xBC[:, 0], self.conv1d.weight.squeeze(1), self.conv1d.bias,
-                            self.activation)[:, None]
+        xBC = self._conv(layer, xBC[:, 0])[:, None]
         xBC = apply_padding_mask(xBC, attention_mask)
         GN = self.n_groups * self.ssm_state_size
         x, Bm, Cm = torch.split(xBC, [self.intermediate_size, GN, GN], dim=-1)

@@ -153,8 +153,6 @@ def _zamba():
 def _glm5_next():
     import transformers
 
-    from .errors import ModelSpecError
-
     if not hasattr(transformers, "Glm5NextConfig"):
         raise ModelSpecError(f"the installed transformers {transformers.__version__} has no Glm5NextConfig")
     def text_config(attention):
@@ -194,8 +192,6 @@ def model_class_for(config):
             return cls
     if getattr(config, "model_type", None) == "glm5_next" and hasattr(transformers, "Glm5NextForConditionalGeneration"):
         return transformers.Glm5NextForConditionalGeneration
-    from .errors import ModelSpecError
-
     raise ModelSpecError(f"transformers {transformers.__version__} has no generating model class for "
                          f"model_type {getattr(config, 'model_type', '?')!r}")
 
