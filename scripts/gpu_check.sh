@@ -9,6 +9,8 @@ OUT_DIR="${OUT:-examples/benchmarks/results/latest}"
 mkdir -p "$OUT_DIR"
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT_DIR/install.log" 2>&1 || { cat "$OUT_DIR/install.log"; exit 1; }
+# benchmark-only extras carried as wheels (e.g. flash-linear-attention's fla-core + einops), if any
+if compgen -G ".whl/*.whl" >/dev/null; then python3 -m pip install -q --no-deps .whl/*.whl >>"$OUT_DIR/install.log" 2>&1 || true; fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT_DIR/gpu.txt"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT_DIR/gpu.txt"
 rc=0

@@ -79,6 +79,132 @@ def _process_dt(d_raw, dtbias_ptr, h, sdtb, HAS_DT_BIAS: tl.constexpr, DT_SOFTPL
 
 
 @triton.jit
+def _flush_heads(
+    b, g, h0, nh, pb, c,
+    x_ptr, dt_ptr, B_ptr, C_ptr, state_ptr, xbuf_ptr, dtbuf_ptr, Bbuf_ptr, A_ptr, dtbias_ptr, D_ptr, z_ptr, out_ptr,
+    P, N,
+    sx_b, sx_h, sx_p,
+    sdt_b, sdt_h,
+    sB_b, sB_g, sB_n,
+    sC_b, sC_g, sC_n,
+    ss_b, ss_h, ss_p, ss_n,
+    sxb_b, sxb_h, sxb_l, sxb_p,
+    sdb_b, sdb_h, sdb_l,
+    sBb_b, sBb_g, sBb_l, sBb_n,
+    sA, sdtb, sD,
+    sz_b, sz_h, sz_p,
+    so_b, so_h, so_p,
+    HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+    DOT_LOWP: tl.constexpr, DOT_PREC: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_NF: tl.constexpr, BLOCK_L: tl.constexpr,
+):
+    """State-and-output route for heads ``h0 .. h0 + nh - 1`` of row ``b`` (group ``g``),
+    head-dim lanes of block ``pb``, at cursor ``c``: builds ``S = abar S0 + X^T diag(w) B``
+    over the window (buffered entries and the current token) with a ``tl.dot`` in
+    ``BLOCK_NF``-column tiles, stores it as the new checkpoint, writes ``y`` and appends
+    ``x`` (and ``dt`` from lane block 0) at slot ``c``."""
+    offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
+    mask_p = offs_p < P
+    offs_l = tl.arange(0, BLOCK_L)
+    valid_l = offs_l < c
+    cur_l = offs_l == c
+    xb_row = xbuf_ptr + b * sxb_b
+    Bb_row = Bbuf_ptr + b * sBb_b + g * sBb_g
+    B_row = B_ptr + b * sB_b + g * sB_g
+    C_row = C_ptr + b * sC_b + g * sC_g
+    x_row = x_ptr + b * sx_b
+    st_row = state_ptr + b * ss_b
+    db_row = dtbuf_ptr + b * sdb_b
+    dt_row = dt_ptr + b * sdt_b
+    z_row = z_ptr + b * sz_b
+    o_row = out_ptr + b * so_b
+    x_rel = offs_l[:, None] * sxb_l + offs_p[None, :] * sxb_p  # (BLOCK_L, BLOCK_P) window
+    mx = valid_l[:, None] & mask_p[None, :]
+    # ---------------- state-and-output route (flush) ----------------
+    # One loop over (head, state-dim tile) pairs; every load of the next pair (its
+    # checkpoint tile, and the head's buffer window when the head changes) is issued
+    # before the current pair is computed, so the tile loads overlap the tl.dot work.
+    offs_nf = tl.arange(0, BLOCK_NF)
+    NT = tl.cdiv(N, BLOCK_NF)
+    total = nh * NT
+    s_rel = offs_p[:, None] * ss_p + offs_nf[None, :] * ss_n
+    b_rel = offs_l[:, None] * sBb_l + offs_nf[None, :] * sBb_n
+    mb = valid_l[:, None]
+    h = h0
+    mn = offs_nf < N
+    s_t = tl.load(st_row + h * ss_h + s_rel, mask=mask_p[:, None] & mn[None, :], other=0.0)
+    bw_t = tl.load(Bb_row + b_rel, mask=mb & mn[None, :], other=0.0)
+    bc_t = tl.load(B_row + offs_nf * sB_n, mask=mn, other=0.0)
+    cv_t = tl.load(C_row + offs_nf * sC_n, mask=mn, other=0.0)
+    xw_t = tl.load(xb_row + h * sxb_h + x_rel, mask=mx, other=0.0)
+    dtw_t = tl.load(db_row + h * sdb_h + offs_l * sdb_l, mask=valid_l, other=0.0)
+    xc_t = tl.load(x_row + h * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
+    dr_t = tl.load(dt_row + h * sdt_h)
+    acc_y = tl.zeros([BLOCK_P], dtype=tl.float32)
+    for t in range(0, total):
+        i = t // NT
+        k = t - i * NT
+        h = h0 + i
+        nn = k * BLOCK_NF + offs_nf
+        mn = nn < N
+        # next pair's loads (masked off past the end)
+        t1 = t + 1
+        i1 = t1 // NT
+        h1 = h0 + i1
+        nn1 = (t1 - i1 * NT) * BLOCK_NF + offs_nf
+        okp = (tl.zeros([BLOCK_P], dtype=tl.int32) + t1) < total
+        okl = (tl.zeros([BLOCK_L], dtype=tl.int32) + t1) < total
+        okn = (tl.zeros([BLOCK_NF], dtype=tl.int32) + t1) < total
+        mn1 = (nn1 < N) & okn
+        s_n = tl.load(st_row + h1 * ss_h + offs_p[:, None] * ss_p + nn1[None, :] * ss_n,
+                      mask=(mask_p & okp)[:, None] & mn1[None, :], other=0.0)
+        bw_n = tl.load(Bb_row + offs_l[:, None] * sBb_l + nn1[None, :] * sBb_n, mask=mb & mn1[None, :],
+                       other=0.0)
+        bc_n = tl.load(B_row + nn1 * sB_n, mask=mn1, other=0.0)
+        cv_n = tl.load(C_row + nn1 * sC_n, mask=mn1, other=0.0)
+        xw_n = tl.load(xb_row + h1 * sxb_h + x_rel, mask=mx & okp[None, :], other=0.0)
+        dtw_n = tl.load(db_row + h1 * sdb_h + offs_l * sdb_l, mask=valid_l & okl, other=0.0)
+        xc_n = tl.load(x_row + h1 * sx_h + offs_p * sx_p, mask=mask_p & okp, other=0.0)
+        dr_n = tl.load(dt_row + h1 * sdt_h, mask=t1 < total, other=0.0)
+
+        a_h = tl.load(A_ptr + h * sA).to(tl.float32)
+        d = _process_dt(dr_t, dtbias_ptr, h, sdtb, HAS_DT_BIAS, DT_SOFTPLUS)
+        w, abar = _window_weights(dtw_t, d, cur_l, a_h)
+        xcb = xc_t.to(xbuf_ptr.dtype.element_ty)
+        xw = tl.where(cur_l[:, None], xcb[None, :], xw_t)  # (BLOCK_L, BLOCK_P), buffer dtype
+        bw = tl.where(cur_l[:, None], bc_t.to(Bbuf_ptr.dtype.element_ty)[None, :], bw_t).to(tl.float32)
+        wb = w[:, None] * bw  # (BLOCK_L, BLOCK_NF)
+        if DOT_LOWP:
+            upd = tl.dot(tl.trans(xw), wb.to(xbuf_ptr.dtype.element_ty), out_dtype=tl.float32)
+        else:
+            upd = tl.dot(tl.trans(xw.to(tl.float32)), wb, input_precision=DOT_PREC, out_dtype=tl.float32)
+        s_new = abar * s_t.to(tl.float32) + upd
+        tl.store(st_row + h * ss_h + offs_p[:, None] * ss_p + nn[None, :] * ss_n,
+                 s_new.to(state_ptr.dtype.element_ty), mask=mask_p[:, None] & mn[None, :])
+        acc_y += tl.sum(s_new * cv_t.to(tl.float32)[None, :], 1)
+        if k == NT - 1:  # the head's last tile: output and appends
+            y = acc_y
+            if HAS_D:
+                y += tl.load(D_ptr + h * sD).to(tl.float32) * xc_t.to(tl.float32)
+            if HAS_Z:
+                zv = tl.load(z_row + h * sz_h + offs_p * sz_p, mask=mask_p, other=0.0).to(tl.float32)
+                y = y * (zv * tl.sigmoid(zv))
+            tl.store(o_row + h * so_h + offs_p * so_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
+            tl.store(xb_row + h * sxb_h + c * sxb_l + offs_p * sxb_p, xcb, mask=mask_p)
+            if pb == 0:
+                tl.store(db_row + h * sdb_h + c * sdb_l, d.to(dtbuf_ptr.dtype.element_ty))
+        acc_y = tl.where((tl.zeros([BLOCK_P], dtype=tl.int32) + k) == NT - 1, 0.0, acc_y)
+        s_t = s_n
+        bw_t = bw_n
+        bc_t = bc_n
+        cv_t = cv_n
+        xw_t = xw_n
+        dtw_t = dtw_n
+        xc_t = xc_n
+        dr_t = dr_n
+
+
+@triton.jit
 def _mamba2_replay_kernel(
     x_ptr, dt_ptr, B_ptr, C_ptr, state_ptr, xbuf_ptr, dtbuf_ptr, Bbuf_ptr, cursor_ptr, A_ptr,
     dtbias_ptr, D_ptr, z_ptr, out_ptr, cnt_ptr,
@@ -172,88 +298,15 @@ def _mamba2_replay_kernel(
             run_flush = False
 
         if run_flush:
-            # ---------------- state-and-output route (flush) ----------------
-            # One loop over (head, state-dim tile) pairs; every load of the next pair (its
-            # checkpoint tile, and the head's buffer window when the head changes) is issued
-            # before the current pair is computed, so the tile loads overlap the tl.dot work.
-            offs_nf = tl.arange(0, BLOCK_NF)
-            NT = tl.cdiv(N, BLOCK_NF)
-            total = nh * NT
-            s_rel = offs_p[:, None] * ss_p + offs_nf[None, :] * ss_n
-            b_rel = offs_l[:, None] * sBb_l + offs_nf[None, :] * sBb_n
-            mb = valid_l[:, None]
-            h = h0
-            mn = offs_nf < N
-            s_t = tl.load(st_row + h * ss_h + s_rel, mask=mask_p[:, None] & mn[None, :], other=0.0)
-            bw_t = tl.load(Bb_row + b_rel, mask=mb & mn[None, :], other=0.0)
-            bc_t = tl.load(B_row + offs_nf * sB_n, mask=mn, other=0.0)
-            cv_t = tl.load(C_row + offs_nf * sC_n, mask=mn, other=0.0)
-            xw_t = tl.load(xb_row + h * sxb_h + x_rel, mask=mx, other=0.0)
-            dtw_t = tl.load(db_row + h * sdb_h + offs_l * sdb_l, mask=valid_l, other=0.0)
-            xc_t = tl.load(x_row + h * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
-            dr_t = tl.load(dt_row + h * sdt_h)
-            acc_y = tl.zeros([BLOCK_P], dtype=tl.float32)
-            for t in range(0, total):
-                i = t // NT
-                k = t - i * NT
-                h = h0 + i
-                nn = k * BLOCK_NF + offs_nf
-                mn = nn < N
-                # next pair's loads (masked off past the end)
-                t1 = t + 1
-                i1 = t1 // NT
-                h1 = h0 + i1
-                nn1 = (t1 - i1 * NT) * BLOCK_NF + offs_nf
-                okp = (tl.zeros([BLOCK_P], dtype=tl.int32) + t1) < total
-                okl = (tl.zeros([BLOCK_L], dtype=tl.int32) + t1) < total
-                okn = (tl.zeros([BLOCK_NF], dtype=tl.int32) + t1) < total
-                mn1 = (nn1 < N) & okn
-                s_n = tl.load(st_row + h1 * ss_h + offs_p[:, None] * ss_p + nn1[None, :] * ss_n,
-                              mask=(mask_p & okp)[:, None] & mn1[None, :], other=0.0)
-                bw_n = tl.load(Bb_row + offs_l[:, None] * sBb_l + nn1[None, :] * sBb_n, mask=mb & mn1[None, :],
-                               other=0.0)
-                bc_n = tl.load(B_row + nn1 * sB_n, mask=mn1, other=0.0)
-                cv_n = tl.load(C_row + nn1 * sC_n, mask=mn1, other=0.0)
-                xw_n = tl.load(xb_row + h1 * sxb_h + x_rel, mask=mx & okp[None, :], other=0.0)
-                dtw_n = tl.load(db_row + h1 * sdb_h + offs_l * sdb_l, mask=valid_l & okl, other=0.0)
-                xc_n = tl.load(x_row + h1 * sx_h + offs_p * sx_p, mask=mask_p & okp, other=0.0)
-                dr_n = tl.load(dt_row + h1 * sdt_h, mask=t1 < total, other=0.0)
-
-                a_h = tl.load(A_ptr + h * sA).to(tl.float32)
-                d = _process_dt(dr_t, dtbias_ptr, h, sdtb, HAS_DT_BIAS, DT_SOFTPLUS)
-                w, abar = _window_weights(dtw_t, d, cur_l, a_h)
-                xcb = xc_t.to(xbuf_ptr.dtype.element_ty)
-                xw = tl.where(cur_l[:, None], xcb[None, :], xw_t)  # (BLOCK_L, BLOCK_P), buffer dtype
-                bw = tl.where(cur_l[:, None], bc_t.to(Bbuf_ptr.dtype.element_ty)[None, :], bw_t).to(tl.float32)
-                wb = w[:, None] * bw  # (BLOCK_L, BLOCK_NF)
-                if DOT_LOWP:
-                    upd = tl.dot(tl.trans(xw), wb.to(xbuf_ptr.dtype.element_ty), out_dtype=tl.float32)
-                else:
-                    upd = tl.dot(tl.trans(xw.to(tl.float32)), wb, input_precision=DOT_PREC, out_dtype=tl.float32)
-                s_new = abar * s_t.to(tl.float32) + upd
-                tl.store(st_row + h * ss_h + offs_p[:, None] * ss_p + nn[None, :] * ss_n,
-                         s_new.to(state_ptr.dtype.element_ty), mask=mask_p[:, None] & mn[None, :])
-                acc_y += tl.sum(s_new * cv_t.to(tl.float32)[None, :], 1)
-                if k == NT - 1:  # the head's last tile: output and appends
-                    y = acc_y
-                    if HAS_D:
-                        y += tl.load(D_ptr + h * sD).to(tl.float32) * xc_t.to(tl.float32)
-                    if HAS_Z:
-                        zv = tl.load(z_row + h * sz_h + offs_p * sz_p, mask=mask_p, other=0.0).to(tl.float32)
-                        y = y * (zv * tl.sigmoid(zv))
-                    tl.store(o_row + h * so_h + offs_p * so_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
-                    tl.store(xb_row + h * sxb_h + c * sxb_l + offs_p * sxb_p, xcb, mask=mask_p)
-                    if pb == 0:
-                        tl.store(db_row + h * sdb_h + c * sdb_l, d.to(dtbuf_ptr.dtype.element_ty))
-                acc_y = tl.where((tl.zeros([BLOCK_P], dtype=tl.int32) + k) == NT - 1, 0.0, acc_y)
-                s_t = s_n
-                bw_t = bw_n
-                bc_t = bc_n
-                cv_t = cv_n
-                xw_t = xw_n
-                dtw_t = dtw_n
-                xc_t = xc_n
-                dr_t = dr_n
+            _flush_heads(
+                b, g, h0, nh, pb, c,
+                x_ptr, dt_ptr, B_ptr, C_ptr, state_ptr, xbuf_ptr, dtbuf_ptr, Bbuf_ptr, A_ptr, dtbias_ptr, D_ptr,
+                z_ptr, out_ptr, P, N,
+                sx_b, sx_h, sx_p, sdt_b, sdt_h, sB_b, sB_g, sB_n, sC_b, sC_g, sC_n, ss_b, ss_h, ss_p, ss_n,
+                sxb_b, sxb_h, sxb_l, sxb_p, sdb_b, sdb_h, sdb_l, sBb_b, sBb_g, sBb_l, sBb_n, sA, sdtb, sD,
+                sz_b, sz_h, sz_p, so_b, so_h, so_p,
+                HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DOT_LOWP, DOT_PREC, BLOCK_P, BLOCK_NF, BLOCK_L,
+            )
         else:
             # ---------------- output-only route ----------------
             # bc_j = B_j . C for the buffered entries and the current token (slot c), once per
@@ -364,6 +417,68 @@ def _mamba2_replay_kernel(
 
 
 @triton.jit
+def _mamba2_flush_kernel(
+    x_ptr, dt_ptr, B_ptr, C_ptr, state_ptr, xbuf_ptr, dtbuf_ptr, Bbuf_ptr, cursor_ptr, A_ptr,
+    dtbias_ptr, D_ptr, z_ptr, out_ptr,
+    P, N, L, G, HPG, HC, n_hc, n_pb, row0, n_rows,
+    sx_b, sx_h, sx_p,
+    sdt_b, sdt_h,
+    sB_b, sB_g, sB_n,
+    sC_b, sC_g, sC_n,
+    ss_b, ss_h, ss_p, ss_n,
+    sxb_b, sxb_h, sxb_l, sxb_p,
+    sdb_b, sdb_h, sdb_l,
+    sBb_b, sBb_g, sBb_l, sBb_n,
+    s_cur, sA, sdtb, sD,
+    sz_b, sz_h, sz_p,
+    so_b, so_h, so_p,
+    HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+    DOT_LOWP: tl.constexpr, DOT_PREC: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NF: tl.constexpr, BLOCK_L: tl.constexpr,
+    BB: tl.constexpr,
+):
+    """Persistent flush launch of ``route="split"``: the programs share the work items
+    (flush row, group, head chunk, lane block) of rows ``row0 .. row0 + n_rows - 1`` whose
+    cursor is ``L - 1``, found on the device from the cursors (a prefix count). A step
+    without flush rows costs one small load per program; flush work spreads over every
+    program whether one row or all rows flush. The cursor is not advanced here."""
+    offs_b = tl.arange(0, BB)
+    cv = tl.load(cursor_ptr + (row0 + offs_b) * s_cur, mask=offs_b < n_rows, other=-1)
+    fl = (cv == L - 1).to(tl.int32)
+    csum = tl.cumsum(fl, axis=0)
+    per_row = G * n_hc * n_pb
+    total = tl.sum(fl, axis=0) * per_row
+    c = L - 1
+    for w in range(tl.program_id(0), total, tl.num_programs(0)):
+        rank = w // per_row
+        rem = w - rank * per_row
+        pb = rem % n_pb
+        t = rem // n_pb
+        hc = t % n_hc
+        g = t // n_hc
+        b = (row0 + tl.sum((csum <= rank).to(tl.int32), axis=0)).to(tl.int64)
+        h0 = g * HPG + hc * HC
+        nh = tl.minimum(HC, HPG - hc * HC)
+        _flush_heads(
+            b, g, h0, nh, pb, c,
+            x_ptr, dt_ptr, B_ptr, C_ptr, state_ptr, xbuf_ptr, dtbuf_ptr, Bbuf_ptr, A_ptr, dtbias_ptr, D_ptr,
+            z_ptr, out_ptr, P, N,
+            sx_b, sx_h, sx_p, sdt_b, sdt_h, sB_b, sB_g, sB_n, sC_b, sC_g, sC_n, ss_b, ss_h, ss_p, ss_n,
+            sxb_b, sxb_h, sxb_l, sxb_p, sdb_b, sdb_h, sdb_l, sBb_b, sBb_g, sBb_l, sBb_n, sA, sdtb, sD,
+            sz_b, sz_h, sz_p, so_b, so_h, so_p,
+            HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DOT_LOWP, DOT_PREC, BLOCK_P, BLOCK_NF, BLOCK_L,
+        )
+        if (hc == 0) & (pb == 0):  # append the current B once per (row, group)
+            offs_n2 = tl.arange(0, BLOCK_N)
+            for n0 in range(0, N, BLOCK_N):
+                nn = n0 + offs_n2
+                mn = nn < N
+                bcur = tl.load(B_ptr + b * sB_b + g * sB_g + nn * sB_n, mask=mn, other=0.0)
+                tl.store(Bbuf_ptr + b * sBb_b + g * sBb_g + c * sBb_l + nn * sBb_n,
+                         bcur.to(Bbuf_ptr.dtype.element_ty), mask=mn)
+
+
+@triton.jit
 def _advance_cursor_kernel(cursor_ptr, n, s_cur, L, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
@@ -372,6 +487,9 @@ def _advance_cursor_kernel(cursor_ptr, n, s_cur, L, BLOCK: tl.constexpr):
 
 
 # ----------------------------------------------------------------------------- host side
+
+#: rows per persistent flush launch (its programs hold one cursor per row in registers)
+_FLUSH_ROWS = 4096
 
 _COUNTERS: dict = {}
 _COUNTER_KEEP: list = []  # never freed: a captured CUDA graph may still point at an old one
@@ -423,6 +541,8 @@ def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC:
         fc = make_replay_config(H, P, N, G, L, f["BLOCK_P"], f["HC"], BLOCK_N, f["BLOCK_NF"], f["num_warps"],
                                 f["num_stages"])
         cfg["flush"] = {k: fc[k] for k in ("BLOCK_P", "BLOCK_NF", "HC", "n_hc", "n_pb", "num_warps", "num_stages")}
+        cfg["flush"]["programs_per_sm"] = int((flush or {}).get("programs_per_sm", 4))
+        cfg["flush"]["programs"] = (flush or {}).get("programs")  # absolute count (tests), else per SM
     elif cfg["BLOCK_P"] < 16:
         raise ValueError("the flush route's tl.dot needs BLOCK_P >= 16")
     return cfg
@@ -517,11 +637,30 @@ def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor
         )
 
     if route == "split":
-        # flush rows first (their own block sizes), then the output-only launch, whose
-        # programs (all rows) do the arrival for the cursor advance
+        # flush rows first (their own block sizes, persistent programs), then the
+        # output-only launch, whose programs (all rows) do the arrival for the cursor advance
         fcfg = dict(cfg)
         fcfg.update(cfg.get("flush", {}))
-        launch(fcfg, 2, False, False)
+        n_prog = int(fcfg.get("programs") or fcfg.get("programs_per_sm", 4) * n_sm)
+        for row0 in range(0, Bt, _FLUSH_ROWS):
+            n_rows = min(_FLUSH_ROWS, Bt - row0)
+            items = n_rows * G * fcfg["n_hc"] * fcfg["n_pb"]
+            _mamba2_flush_kernel[(max(1, min(n_prog, items)),)](
+                x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A,
+                dt_bias if dt_bias is not None else dummy, D if D is not None else dummy,
+                z if z is not None else dummy, out,
+                P, N, L, G, HPG, fcfg["HC"], fcfg["n_hc"], fcfg["n_pb"], row0, n_rows,
+                *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *state.stride(),
+                *x_buf.stride(), *dt_buf.stride(), *B_buf.stride(),
+                cursor.stride(0), A.stride(0),
+                dt_bias.stride(0) if dt_bias is not None else 0, D.stride(0) if D is not None else 0,
+                *(z.stride() if z is not None else (0, 0, 0)), *out.stride(),
+                HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None, HAS_Z=z is not None,
+                DT_SOFTPLUS=bool(dt_softplus), DOT_LOWP=lowp, DOT_PREC=prec,
+                BLOCK_P=fcfg["BLOCK_P"], BLOCK_N=cfg["BLOCK_N"], BLOCK_NF=fcfg["BLOCK_NF"],
+                BLOCK_L=cfg["BLOCK_L"], BB=max(16, triton.next_power_of_2(n_rows)),
+                num_warps=fcfg["num_warps"], num_stages=fcfg["num_stages"],
+            )
         launch(cfg, 1, zero_idle, adv)
     else:
         launch(cfg, 0, zero_idle, adv)

@@ -66,16 +66,26 @@ def _same(a, b):
 CASES = [
     # (name, Hk, HV, K, V, L, kda, kwargs)
     ("gdn-gva-L4", 2, 4, 20, 24, 4, False, {}),
-    ("gdn-gva-L4-route0-lazy", 2, 4, 20, 24, 4, False, dict(route=0, eager=False)),
-    ("gdn-gva-L4-route1", 2, 4, 20, 24, 4, False, dict(route=1)),
+    ("gdn-gva-L4-2vblocks", 2, 4, 20, 24, 4, False, dict(block_v=16, flush_block_v=16)),
+    ("gdn-gva-L4-flush-wide", 2, 4, 20, 24, 4, False, dict(flush_block_v=32, num_warps=2)),
     ("gdn-L3-ktiles", 1, 2, 40, 24, 3, False, dict(block_k=16)),
     ("gdn-L1", 2, 4, 20, 24, 1, False, {}),
     ("gdn-L3-bv64", 1, 2, 20, 72, 3, False, dict(block_v=64)),
     ("kda-L4", 2, 2, 20, 24, 4, True, {}),
-    ("kda-L4-route1", 2, 2, 20, 24, 4, True, dict(route=1)),
-    ("kda-L4-route2-lazy-2vblocks", 2, 2, 20, 24, 4, True, dict(route=2, eager=False, block_v=16)),
+    ("kda-L4-flush-narrow", 2, 2, 20, 24, 4, True, dict(flush_block_v=16)),
+    ("kda-L4-2vblocks", 2, 2, 20, 24, 4, True, dict(block_v=16)),
     ("kda-L3-ktiles", 2, 2, 40, 24, 3, True, dict(block_k=16)),
+    ("gdn-L4-one-flush-program", 2, 4, 20, 24, 4, False, dict(flush_programs=1, flush_block_v=16)),
+    ("kda-L3-two-flush-programs", 2, 2, 20, 24, 3, True, dict(flush_programs=2)),
 ]
+
+
+def test_flush_rows_split_over_several_launches(monkeypatch):
+    """More rows than one persistent flush launch holds: the rows go in several launches."""
+    import replayssm.kernels.delta.triton_decode as td
+
+    monkeypatch.setattr(td, "_FLUSH_ROWS", 2)
+    test_replay_kernel_matches_reference(("gdn-L3-chunked", 1, 2, 16, 16, 3, False, dict(flush_programs=1)))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])

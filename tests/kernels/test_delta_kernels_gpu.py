@@ -115,20 +115,21 @@ def test_replay_matches_reference_L(shape, dtypes, L):
     _cycle_vs_reference(shape, *dtypes, L=L)
 
 
-VARIANTS = {"route0": dict(route=0), "route1": dict(route=1), "route2-lazy": dict(route=2, eager=False)}
+VARIANTS = {"bv32": dict(block_v=32, num_warps=4), "bv128-w8": dict(block_v=128, num_warps=8),
+            "ktiles": dict(block_k=64, flush_block_v=64)}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("dtypes", [(F32, F32), (BF16, BF16)], ids=["s32-a32", "sbf16-abf16"])
 @pytest.mark.parametrize("shape", ["qwen35-122b", "kimi-kda", "odd-gdn"])
-def test_replay_routes_match_reference(shape, dtypes, variant):
+def test_replay_variants_match_reference(shape, dtypes, variant):
     """The non-default kernel variants (the L8 suite runs the defaults)."""
     _cycle_vs_reference(shape, *dtypes, L=16, **VARIANTS[variant])
 
 
-@pytest.mark.parametrize("route", [None, 0])
+@pytest.mark.parametrize("knobs", [{}, dict(block_k=32)], ids=["default", "ktiles"])
 @pytest.mark.parametrize("shape", ["qwen35-4b", "kimi-kda"])
-def test_fp32_replay_equals_exact_recurrence(shape, route):
+def test_fp32_replay_equals_exact_recurrence(shape, knobs):
     """fp32 everywhere: the replay kernel tracks the ordinary recurrence to ~1e-5."""
     from replayssm.kernels.delta.triton_decode import delta_replay_decode_triton
 
@@ -140,7 +141,7 @@ def test_fp32_replay_equals_exact_recurrence(shape, route):
     worst_o = worst_s = 0.0
     for step in range(2 * L + 1):
         x = _token(gen, Bt, Hk, HV, K, V, kda, F32)
-        o_k = delta_replay_decode_triton(*x, *ker, route=route)
+        o_k = delta_replay_decode_triton(*x, *ker, **knobs)
         o_e = delta_step_decode_reference(*x, exact)
         worst_o = max(worst_o, ((o_k - o_e).norm() / o_e.norm()).item())
         if step % L == L - 1:
