@@ -331,16 +331,9 @@ def sweep(dev, copy_bw, log, Bt=256, L=16):
     if dev != "cuda":
         Bt = 2
 
-    def v(bv, nw, fbv=None):
-        d = dict(block_v=bv, num_warps=nw)
-        if fbv:
-            d["flush_block_v"] = fbv
-        return d
-
-    variants = {
-        gdn: [v(32, 4), v(64, 4), v(128, 4), v(128, 8), v(64, 8), v(64, 4, 64)],
-        kda: [v(32, 4), v(64, 4), v(128, 4), v(128, 8)],
-    }
+    base = [{}, dict(block_v=64), dict(flush_block_v=32), dict(flush_stages=1), dict(coef_block_k=128),
+            dict(coef_warps=2, coef_block_k=128), dict(coef_warps=4, coef_block_k=128)]
+    variants = {gdn: base, kda: base}
     rows, best = [], {}
     for shape, cfgs in variants.items():
         kind = "kda" if SHAPES[shape][4] else "gdn"

@@ -296,7 +296,8 @@ def tune_candidates(H, P, N, G):
     return [None,
             dict(BLOCK_P=32, HC=HPG, BLOCK_NF=16),
             dict(BLOCK_P=64, HC=HPG, BLOCK_NF=32, num_warps=8),
-            dict(BLOCK_P=32, HC=max(1, HPG // 2), BLOCK_NF=32)]
+            dict(BLOCK_P=32, HC=max(1, HPG // 2), BLOCK_NF=32),
+            dict(BLOCK_P=32, HC=min(HPG, 16), BLOCK_NF=32, num_stages=2)]
 
 
 def tune_replay(name, shape, sdt, dev, copy_bw, tuning, log, Bt=256, L=16):

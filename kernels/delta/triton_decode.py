@@ -22,16 +22,21 @@ can be captured in a CUDA graph):
    slot c (k by one program per key head, g by one per value head). On a flush row
    (``c == L - 1``) it writes ``u_c`` in fp32 to a scratch instead of the ring. It carries
    no flush code, so its register use (and occupancy) is that of a plain read.
-3. ``_delta_flush_kernel``, one program per (row, value head, block of value columns),
-   exits at once unless ``c == L - 1``; otherwise rebuilds the state
-   ``A + k_c u_c^T`` with a matrix product of the decay-weighted cached keys and the
-   buffered u's (``tf32x3`` for fp32 operands: plain tf32 drifts ~1e-2) plus the current
-   token's rank-1 term in fp32, and stores it as the new checkpoint, rounded once.
+3. ``_delta_flush_kernel``, persistent: a few programs per multiprocessor share the work
+   items (flush row, value head, column block) of the rows whose cursor is ``L - 1``,
+   found on the device from the cursors, so a step without flushes costs one small load
+   per program and flush work spreads over the whole GPU however many rows flush. Each
+   item rebuilds ``A + k_c u_c^T`` with a matrix product of the decay-weighted cached keys
+   and the buffered u's (``tf32x3`` for fp32 operands: plain tf32 drifts ~1e-2) plus the
+   current token's rank-1 term in fp32, and stores it as the new checkpoint, rounded once.
 4. ``cursor <- (cursor + 1) % L`` on active rows (after every program has read it).
 
-Rows with a negative cursor are idle: nothing of theirs is read or written (``out`` keeps
-its contents, or gets zeros when the caller asked for a fresh output). Ring slots ``>= c``
-are never read. The interpreter runs the dot with ``"ieee"`` precision.
+Rows with a negative cursor are idle: nothing of theirs is written (``out`` keeps its
+contents, or gets zeros when the caller asked for a fresh output); their checkpoint tile
+and ring are loaded and discarded, because the loads are issued before the cursor is
+known. Ring slots ``>= c`` never reach a result: loads are bounded by L and the stale
+slots are selected away (NaN there is harmless). The interpreter runs the dot with
+``"ieee"`` precision.
 """
 
 from __future__ import annotations
@@ -331,8 +336,13 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
     tile, flush programs per multiprocessor)."""
     bk = min(triton.next_power_of_2(K), 256)
     if bk >= 256:
-        return dict(block_v=32, num_warps=8, block_k=bk, flush_block_v=16, flush_warps=8, flush_programs=4)
-    return dict(block_v=32, num_warps=4, block_k=bk, flush_block_v=32, flush_warps=4, flush_programs=4)
+        return dict(block_v=32, num_warps=8, block_k=bk, flush_block_v=16, flush_warps=8, flush_programs=4,
+                    flush_stages=2, coef_block_k=64, coef_warps=1)
+    # H200, batch 256, L=16 (examples/benchmarks/results/): 32 columns per output program
+    # (64: +12%), flush items of 64 columns with a 2-stage pipelined item loop (KDA fp32:
+    # 721 vs 881 µs flush step), one-warp coefficient programs on 64-channel key tiles.
+    return dict(block_v=32, num_warps=4, block_k=bk, flush_block_v=64, flush_warps=4, flush_programs=4,
+                flush_stages=2, coef_block_k=64, coef_warps=1)
 
 
 def delta_replay_decode_triton(
@@ -355,6 +365,9 @@ def delta_replay_decode_triton(
     flush_block_v: int | None = None,
     flush_warps: int | None = None,
     flush_programs: int | None = None,
+    flush_stages: int | None = None,
+    coef_block_k: int | None = None,
+    coef_warps: int | None = None,
 ) -> torch.Tensor:
     """Triton version of ``delta_replay_decode_reference`` (same arguments and result).
 
@@ -363,7 +376,9 @@ def delta_replay_decode_triton(
     program and warps of the output launch), ``block_k`` (key-dim tile; default the whole
     key dim up to 256, walked tile by tile beyond), ``flush_block_v`` / ``flush_warps``
     (same for the flush launch), ``flush_programs`` (programs of the persistent flush
-    launch; default a few per multiprocessor). Defaults: ``default_config``.
+    launch; default a few per multiprocessor), ``flush_stages`` (software-pipelining
+    stages of its loop over work items), ``coef_block_k`` / ``coef_warps`` (key-dim tile
+    and warps of the coefficient launch). Defaults: ``default_config``.
     """
     Bt, HV, Hk, L, K, V = _check_shapes(q, k, v, g, beta, state, u_buf, k_buf, g_buf)
     if cursor.dtype != torch.int32 or tuple(cursor.shape) != (Bt,):
@@ -392,10 +407,10 @@ def delta_replay_decode_triton(
     sgb = (g_buf.stride(0), g_buf.stride(1), g_buf.stride(2), g_buf.stride(3) if kda else 0)
     skb, sub, ss = k_buf.stride(), u_buf.stride(), state.stride()
     GROUP = HV // Hk
-    BKC = min(BK, 64)
+    BKC = max(16, min(coef_block_k or cfg["coef_block_k"], triton.next_power_of_2(K)))
     _delta_coef_kernel[(Bt * HV,)](
         q, k, g, k_buf, g_buf, cursor, xs, cw, *sq, *sk, *sg, *skb, *sgb, cursor.stride(0),
-        HV, GROUP, K, L, KDA=kda, BK=BKC, NK=triton.cdiv(K, BKC), LP=LP, num_warps=1,
+        HV, GROUP, K, L, KDA=kda, BK=BKC, NK=triton.cdiv(K, BKC), LP=LP, num_warps=coef_warps or cfg["coef_warps"],
     )
     _delta_output_kernel[(Bt * HV * NV,)](
         k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, xs, cw, uf, out,
@@ -413,7 +428,7 @@ def delta_replay_decode_triton(
             row0, n_rows, HV, GROUP, K, V, L, NVF,
             KDA=kda, BK=BK, NK=NK, BV=BVF, LP=LP, BB=max(16, triton.next_power_of_2(n_rows)),
             DOT_PREC="ieee" if triton_interpreter_on() else "tf32x3",
-            num_warps=flush_warps or cfg["flush_warps"],
+            num_warps=flush_warps or cfg["flush_warps"], num_stages=flush_stages or cfg["flush_stages"],
         )
     advance_cursor_triton(cursor, L)
     return out
