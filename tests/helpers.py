@@ -43,6 +43,43 @@ def generate(model, ids, mask, **kwargs):
     return model.generate(ids, **kw)
 
 
+@torch.no_grad()
+def forced_logits(model, ids, mask, seq):
+    """Logits of the next token at every decode step with the tokens of ``seq`` fed in
+    (teacher forcing: every variant sees the same inputs). (steps, batch, vocab) fp32."""
+    P = ids.shape[1]
+    out = model(input_ids=ids, attention_mask=mask, use_cache=True)
+    cache = out.past_key_values
+    logits = [out.logits[:, -1].float()]
+    for t in range(seq.shape[1] - P - 1):
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        out = model(input_ids=seq[:, P + t: P + t + 1], attention_mask=mask, past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+        logits.append(out.logits[:, -1].float())
+    return torch.stack(logits)
+
+
+def low_precision_errors(family, dtype, device, backend, state_dtype=None, steps=24):
+    """Teacher-forced logit errors against the fp32 model: (stock in ``dtype``, patched in ``dtype``).
+
+    The fp32 model's greedy continuation is fed to both, so the comparison never depends on
+    a near-tie flipping a token; the fp32 model is the oracle for both."""
+    import replayssm
+
+    ids, mask = left_padded_batch(seed=2, device=device)
+    m32 = tiny(family, torch.float32).to(device)
+    seq = generate(m32, ids, mask, max_new_tokens=steps, min_new_tokens=steps).sequences
+    ref = forced_logits(m32, ids, mask, seq)
+    m16 = tiny(family, dtype).to(device)
+    stock = (forced_logits(m16, ids, mask, seq) - ref).abs().max().item()
+    replayssm.patch(m16, buffer_len=8, state_dtype=state_dtype, backend=backend)
+    try:
+        patched = (forced_logits(m16, ids, mask, seq) - ref).abs().max().item()
+    finally:
+        replayssm.unpatch(m16)
+    return stock, patched
+
+
 def max_logit_diff(a, b) -> float:
     return max((x.float() - y.float()).abs().max().item() for x, y in zip(a.logits, b.logits))
 

@@ -6,7 +6,7 @@ import transformers
 
 import replayssm
 
-from helpers import (DELTA_FAMILIES, MAMBA2_FAMILIES, assert_close_until_near_tie, generate, left_padded_batch,
+from helpers import (DELTA_FAMILIES, MAMBA2_FAMILIES, generate, left_padded_batch, low_precision_errors,
                      max_logit_diff, tiny)
 
 pytestmark = pytest.mark.gpu
@@ -35,18 +35,13 @@ def test_greedy_parity_on_cuda_fp32(family):
 
 @pytest.mark.parametrize("family", ["nemotron_h", "bamba", "qwen3_5", "kimi_linear"])
 @pytest.mark.parametrize("state_dtype", [None, "bf16"])
-def test_bf16_on_cuda_within_tolerance(family, state_dtype):
-    model = cuda_model(family, torch.bfloat16)
-    ids, mask = left_padded_batch(seed=2, device="cuda")
-    ref = generate(model, ids, mask, max_new_tokens=32, min_new_tokens=32)
-    replayssm.patch(model, buffer_len=8, state_dtype=state_dtype, backend="triton")
-    try:
-        out = generate(model, ids, mask, max_new_tokens=32, min_new_tokens=32)
-    finally:
-        replayssm.unpatch(model)
-        model.to("cpu")
-    assert torch.isfinite(torch.stack(out.logits)).all()
-    assert_close_until_near_tie(out, ref, ids.shape[1], tol=0.15)
+def test_bf16_on_cuda_no_less_accurate_than_stock(family, state_dtype):
+    """bf16 model on CUDA, Triton kernels: teacher-forced logits against the fp32 model are no
+    further off than the stock bf16 model's (plus a small margin). Comparing with the stock
+    bf16 model directly is no oracle: stock Kimi-Linear rounds its recurrent state to bf16
+    every step and lands ~0.4 logits from the fp32 model, ReplaySSM's fp32 checkpoint ~0.05."""
+    stock, patched = low_precision_errors(family, torch.bfloat16, "cuda", "triton", state_dtype)
+    assert patched <= 1.25 * stock + 0.02, f"patched {patched:.4f} vs stock {stock:.4f} (from the fp32 model)"
 
 
 # tiny:mamba2 is a Mamba2ForCausalLM, which takes its cache as `cache_params` (it ignores

@@ -340,9 +340,9 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
                     flush_stages=2, coef_block_k=64, coef_warps=1)
     # H200, batch 256, L=16 (examples/benchmarks/results/): 32 columns per output program
     # (64: +12%), flush items of 64 columns with a 2-stage pipelined item loop (KDA fp32:
-    # 721 vs 881 µs flush step), one-warp coefficient programs on 64-channel key tiles.
+    # 721 vs 881 µs flush step), one-warp coefficient programs over the whole key dim.
     return dict(block_v=32, num_warps=4, block_k=bk, flush_block_v=64, flush_warps=4, flush_programs=4,
-                flush_stages=2, coef_block_k=64, coef_warps=1)
+                flush_stages=2, coef_block_k=128, coef_warps=1)
 
 
 def delta_replay_decode_triton(
