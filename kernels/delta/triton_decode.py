@@ -131,6 +131,16 @@ def _delta_coef_kernel(
 
 
 @triton.jit
+def _copy_vector(src, s_src, dst, s_dst, K, BK: tl.constexpr, NK: tl.constexpr):
+    """dst[k] = src[k] for k < K, converted to dst's dtype (a ring append)."""
+    for i_k in range(NK):
+        offs_k = i_k * BK + tl.arange(0, BK)
+        mk = offs_k < K
+        val = tl.load(src + offs_k * s_src, mask=mk, other=0.0)
+        tl.store(dst + offs_k * s_dst, val.to(dst.dtype.element_ty), mask=mk)
+
+
+@triton.jit
 def _delta_output_kernel(
     k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, ub_ptr, kb_ptr, gb_ptr, cur_ptr, x_ptr, cw_ptr, uf_ptr, o_ptr,
     sk_b, sk_h, sk_k,
@@ -212,19 +222,11 @@ def _delta_output_kernel(
         if i_v == 0:
             if h % GROUP == 0:  # one program per key head appends k_c
                 hk = h // GROUP
-                for i_k in range(NK):
-                    offs_k = i_k * BK + tl.arange(0, BK)
-                    mk = offs_k < K
-                    kv = tl.load(k_ptr + b * sk_b + hk * sk_h + offs_k * sk_k, mask=mk, other=0.0)
-                    tl.store(kb_ptr + b * skb_b + hk * skb_h + c * skb_l + offs_k * skb_k,
-                             kv.to(kb_ptr.dtype.element_ty), mask=mk)
+                _copy_vector(k_ptr + b * sk_b + hk * sk_h, sk_k, kb_ptr + b * skb_b + hk * skb_h + c * skb_l, skb_k,
+                             K, BK, NK)
             if KDA:
-                for i_k in range(NK):
-                    offs_k = i_k * BK + tl.arange(0, BK)
-                    mk = offs_k < K
-                    gv = tl.load(g_ptr + b * sg_b + h * sg_h + offs_k * sg_k, mask=mk, other=0.0)
-                    tl.store(gb_ptr + b * sgb_b + h * sgb_h + c * sgb_l + offs_k * sgb_k,
-                             gv.to(gb_ptr.dtype.element_ty), mask=mk)
+                _copy_vector(g_ptr + b * sg_b + h * sg_h, sg_k, gb_ptr + b * sgb_b + h * sgb_h + c * sgb_l, sgb_k,
+                             K, BK, NK)
             else:
                 gs = tl.load(g_ptr + b * sg_b + h * sg_h)
                 tl.store(gb_ptr + b * sgb_b + h * sgb_h + c * sgb_l, gs.to(gb_ptr.dtype.element_ty))

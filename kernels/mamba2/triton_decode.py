@@ -79,6 +79,21 @@ def _process_dt(d_raw, dtbias_ptr, h, sdtb, HAS_DT_BIAS: tl.constexpr, DT_SOFTPL
 
 
 @triton.jit
+def _row_pointers(b, g, c, offs_p, mask_p, x_ptr, dt_ptr, B_ptr, C_ptr, state_ptr, xbuf_ptr, dtbuf_ptr, Bbuf_ptr,
+                  z_ptr, out_ptr, sx_b, sdt_b, sB_b, sB_g, sC_b, sC_g, ss_b, sxb_b, sxb_l, sxb_p, sdb_b, sBb_b, sBb_g,
+                  sz_b, so_b, BLOCK_L: tl.constexpr):
+    """Window slots (buffered ``j < c``, current ``j == c``) and the row's base pointers."""
+    offs_l = tl.arange(0, BLOCK_L)
+    valid_l = offs_l < c  # buffered entries of this row
+    cur_l = offs_l == c  # the current token's slot
+    x_rel = offs_l[:, None] * sxb_l + offs_p[None, :] * sxb_p  # (BLOCK_L, BLOCK_P) window
+    mx = valid_l[:, None] & mask_p[None, :]
+    return (offs_l, valid_l, cur_l, xbuf_ptr + b * sxb_b, Bbuf_ptr + b * sBb_b + g * sBb_g, B_ptr + b * sB_b + g * sB_g,
+            C_ptr + b * sC_b + g * sC_g, x_ptr + b * sx_b, state_ptr + b * ss_b, dtbuf_ptr + b * sdb_b,
+            dt_ptr + b * sdt_b, z_ptr + b * sz_b, out_ptr + b * so_b, x_rel, mx)
+
+
+@triton.jit
 def _flush_heads(
     b, g, h0, nh, pb, c,
     x_ptr, dt_ptr, B_ptr, C_ptr, state_ptr, xbuf_ptr, dtbuf_ptr, Bbuf_ptr, A_ptr, dtbias_ptr, D_ptr, z_ptr, out_ptr,
@@ -105,21 +120,10 @@ def _flush_heads(
     ``x`` (and ``dt`` from lane block 0) at slot ``c``."""
     offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
     mask_p = offs_p < P
-    offs_l = tl.arange(0, BLOCK_L)
-    valid_l = offs_l < c
-    cur_l = offs_l == c
-    xb_row = xbuf_ptr + b * sxb_b
-    Bb_row = Bbuf_ptr + b * sBb_b + g * sBb_g
-    B_row = B_ptr + b * sB_b + g * sB_g
-    C_row = C_ptr + b * sC_b + g * sC_g
-    x_row = x_ptr + b * sx_b
-    st_row = state_ptr + b * ss_b
-    db_row = dtbuf_ptr + b * sdb_b
-    dt_row = dt_ptr + b * sdt_b
-    z_row = z_ptr + b * sz_b
-    o_row = out_ptr + b * so_b
-    x_rel = offs_l[:, None] * sxb_l + offs_p[None, :] * sxb_p  # (BLOCK_L, BLOCK_P) window
-    mx = valid_l[:, None] & mask_p[None, :]
+    (offs_l, valid_l, cur_l, xb_row, Bb_row, B_row, C_row, x_row, st_row, db_row, dt_row, z_row, o_row, x_rel,
+     mx) = _row_pointers(b, g, c, offs_p, mask_p, x_ptr, dt_ptr, B_ptr, C_ptr, state_ptr, xbuf_ptr, dtbuf_ptr,
+                         Bbuf_ptr, z_ptr, out_ptr, sx_b, sdt_b, sB_b, sB_g, sC_b, sC_g, ss_b, sxb_b, sxb_l, sxb_p,
+                         sdb_b, sBb_b, sBb_g, sz_b, so_b, BLOCK_L)
     # ---------------- state-and-output route (flush) ----------------
     # One loop over (head, state-dim tile) pairs; every load of the next pair (its
     # checkpoint tile, and the head's buffer window when the head changes) is issued
@@ -274,21 +278,10 @@ def _mamba2_replay_kernel(
         do_work = c != L - 1
 
     if do_work:
-        offs_l = tl.arange(0, BLOCK_L)
-        valid_l = offs_l < c  # buffered entries of this row
-        cur_l = offs_l == c  # the current token's slot
-        xb_row = xbuf_ptr + b * sxb_b
-        Bb_row = Bbuf_ptr + b * sBb_b + g * sBb_g
-        B_row = B_ptr + b * sB_b + g * sB_g
-        C_row = C_ptr + b * sC_b + g * sC_g
-        x_row = x_ptr + b * sx_b
-        st_row = state_ptr + b * ss_b
-        db_row = dtbuf_ptr + b * sdb_b
-        dt_row = dt_ptr + b * sdt_b
-        z_row = z_ptr + b * sz_b
-        o_row = out_ptr + b * so_b
-        x_rel = offs_l[:, None] * sxb_l + offs_p[None, :] * sxb_p  # (BLOCK_L, BLOCK_P) window
-        mx = valid_l[:, None] & mask_p[None, :]
+        (offs_l, valid_l, cur_l, xb_row, Bb_row, B_row, C_row, x_row, st_row, db_row, dt_row, z_row, o_row, x_rel,
+         mx) = _row_pointers(b, g, c, offs_p, mask_p, x_ptr, dt_ptr, B_ptr, C_ptr, state_ptr, xbuf_ptr, dtbuf_ptr,
+                             Bbuf_ptr, z_ptr, out_ptr, sx_b, sdt_b, sB_b, sB_g, sC_b, sC_g, ss_b, sxb_b, sxb_l, sxb_p,
+                             sdb_b, sBb_b, sBb_g, sz_b, so_b, BLOCK_L)
 
         if ROUTE == 0:
             run_flush = is_flush
