@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from cli_helpers import parse_json
@@ -10,11 +12,11 @@ pytestmark = pytest.mark.gpu
 
 
 _KIMI_FP16 = pytest.mark.xfail(
-    reason="validation compares with the stock model in the same dtype; stock tiny:kimi_linear rounds its "
-           "recurrent state to fp16 every step and lands 0.35 logits from ReplaySSM on the H200 (tolerance "
-           "0.25), while ReplaySSM's fp32 checkpoint is the closer one to the fp32 model (see "
-           "tests/test_patch_api.py::test_16bit_teacher_forced_no_less_accurate_than_stock); the validator "
-           "needs an fp32 oracle for 16-bit models",
+    condition=importlib.util.find_spec("fla") is not None,
+    reason="with flash-linear-attention installed, transformers runs fla's kernels as the stock Kimi-Linear "
+           "path and the fp16 validation (which compares with the stock model in the same dtype) saw 0.35 "
+           "logits vs a 0.25 tolerance on the H200; without fla it passes. Needs an fp32 oracle for 16-bit "
+           "validation",
     strict=False)
 CASES = [pytest.param(f, d, marks=_KIMI_FP16 if (f, d) == ("kimi_linear", "fp16") else ())
          for f in ("nemotron_h", "zamba2", "qwen3_next", "kimi_linear") for d in ("fp32", "bf16", "fp16")]
