@@ -247,14 +247,28 @@ def _mamba2_replay_kernel(
     h0 = g * HPG + hc * HC
     nh = tl.minimum(HC, HPG - hc * HC)
     if EARLY_LOAD:
-        # small batches are latency-bound: start the first checkpoint tile's load before
-        # the cursor is known (it is only used on the output-only route)
+        # Small batches are latency-bound: every load of the output-only route's first head
+        # is issued before the cursor is known. Window loads are bounded by L, not by the
+        # cursor; stale slots are selected away once it is known (NaN there is harmless).
         offs_n0 = tl.arange(0, BLOCK_N)
+        mn0 = offs_n0 < N
+        offs_l0 = tl.arange(0, BLOCK_L)
+        in_l = offs_l0 < L
         s_early = tl.load(state_ptr + b * ss_b + h0 * ss_h + offs_p[:, None] * ss_p + offs_n0[None, :] * ss_n,
-                          mask=(offs_p < P)[:, None] & (offs_n0 < N)[None, :], other=0.0)
+                          mask=mask_p[:, None] & mn0[None, :], other=0.0)
+        cv_early = tl.load(C_ptr + b * sC_b + g * sC_g + offs_n0 * sC_n, mask=mn0, other=0.0)
+        bcur_early = tl.load(B_ptr + b * sB_b + g * sB_g + offs_n0 * sB_n, mask=mn0, other=0.0)
+        bw_early = tl.load(Bbuf_ptr + b * sBb_b + g * sBb_g + offs_l0[:, None] * sBb_l + offs_n0[None, :] * sBb_n,
+                           mask=in_l[:, None] & mn0[None, :], other=0.0)
+        xw_early = tl.load(xbuf_ptr + b * sxb_b + h0 * sxb_h + offs_l0[:, None] * sxb_l + offs_p[None, :] * sxb_p,
+                           mask=in_l[:, None] & mask_p[None, :], other=0.0)
+        dtw_early = tl.load(dtbuf_ptr + b * sdb_b + h0 * sdb_h + offs_l0 * sdb_l, mask=in_l, other=0.0)
+        xc_early = tl.load(x_ptr + b * sx_b + h0 * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
+        dr_early = tl.load(dt_ptr + b * sdt_b + h0 * sdt_h)
 
     if c < 0:
-        # idle row: nothing read or written (except zeros into a freshly allocated out)
+        # idle row: nothing written (except zeros into a freshly allocated out); with
+        # EARLY_LOAD its first head was read and is discarded
         if ZERO_IDLE:
             for i in range(0, nh):
                 h = h0 + i
@@ -306,30 +320,40 @@ def _mamba2_replay_kernel(
             # program for all its heads.
             offs_n = tl.arange(0, BLOCK_N)
             bc = tl.zeros([BLOCK_L], dtype=tl.float32)
-            for n0 in range(0, N, BLOCK_N):
-                nn = n0 + offs_n
-                mn = nn < N
-                cvn = tl.load(C_row + nn * sC_n, mask=mn, other=0.0).to(tl.float32)
-                bw = tl.load(Bb_row + offs_l[:, None] * sBb_l + nn[None, :] * sBb_n,
-                             mask=valid_l[:, None] & mn[None, :], other=0.0)
-                bcur = tl.load(B_row + nn * sB_n, mask=mn, other=0.0).to(Bbuf_ptr.dtype.element_ty)
-                bw = tl.where(cur_l[:, None], bcur[None, :], bw).to(tl.float32)
-                bc += tl.sum(bw * cvn[None, :], 1)
+            if EARLY_LOAD:
+                bw = tl.where(valid_l[:, None], bw_early, 0.0)
+                bw = tl.where(cur_l[:, None], bcur_early.to(Bbuf_ptr.dtype.element_ty)[None, :], bw).to(tl.float32)
+                bc += tl.sum(bw * cv_early.to(tl.float32)[None, :], 1)
+            else:
+                for n0 in range(0, N, BLOCK_N):
+                    nn = n0 + offs_n
+                    mn = nn < N
+                    cvn = tl.load(C_row + nn * sC_n, mask=mn, other=0.0).to(tl.float32)
+                    bw = tl.load(Bb_row + offs_l[:, None] * sBb_l + nn[None, :] * sBb_n,
+                                 mask=valid_l[:, None] & mn[None, :], other=0.0)
+                    bcur = tl.load(B_row + nn * sB_n, mask=mn, other=0.0).to(Bbuf_ptr.dtype.element_ty)
+                    bw = tl.where(cur_l[:, None], bcur[None, :], bw).to(tl.float32)
+                    bc += tl.sum(bw * cvn[None, :], 1)
 
             if BLOCK_N >= N:
                 mn = offs_n < N
                 m2 = mask_p[:, None] & mn[None, :]
                 s_rel = offs_p[:, None] * ss_p + offs_n[None, :] * ss_n
-                cv = tl.load(C_row + offs_n * sC_n, mask=mn, other=0.0).to(tl.float32)
                 h = h0
                 if EARLY_LOAD:
+                    cv = cv_early.to(tl.float32)
                     s_t = s_early
+                    xw_t = tl.where(mx, xw_early, 0.0)
+                    dtw_t = tl.where(valid_l, dtw_early, 0.0)
+                    xc_t = xc_early
+                    dr_t = dr_early
                 else:
+                    cv = tl.load(C_row + offs_n * sC_n, mask=mn, other=0.0).to(tl.float32)
                     s_t = tl.load(st_row + h * ss_h + s_rel, mask=m2, other=0.0)
-                xw_t = tl.load(xb_row + h * sxb_h + x_rel, mask=mx, other=0.0)
-                dtw_t = tl.load(db_row + h * sdb_h + offs_l * sdb_l, mask=valid_l, other=0.0)
-                xc_t = tl.load(x_row + h * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
-                dr_t = tl.load(dt_row + h * sdt_h)
+                    xw_t = tl.load(xb_row + h * sxb_h + x_rel, mask=mx, other=0.0)
+                    dtw_t = tl.load(db_row + h * sdb_h + offs_l * sdb_l, mask=valid_l, other=0.0)
+                    xc_t = tl.load(x_row + h * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
+                    dr_t = tl.load(dt_row + h * sdt_h)
                 for i in range(0, nh):
                     h = h0 + i
                     hn = h + 1
