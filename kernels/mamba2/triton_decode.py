@@ -29,10 +29,15 @@ resets the counter to zero. The counter is a small internal device buffer (zero 
 launches; launches on concurrent streams must not overlap); ``advance="kernel"`` runs a
 separate tiny launch instead.
 
-``route="split"`` runs the two routes as two launches (flush rows first, then the others;
-each row early-exits from the launch that doesn't apply). Neither variant syncs with the
-host, so a whole step can be captured in a CUDA graph. Default block sizes
-(``replay_config``) come from H200 measurements (examples/benchmarks/results/).
+``route="split"`` runs the two routes as two launches: first a persistent flush launch
+(``_mamba2_flush_kernel``: a few programs per multiprocessor share the flush rows' work
+items, found on the device from the cursors), then the output-only launch, from which
+flush rows exit early. On the H200 it pays off only when few rows flush at once (serving
+with staggered cursors, 16-bit checkpoints); with all rows flushing together the fused
+launch is faster, so it stays the default. Neither variant syncs with the host, so a
+whole step can be captured in a CUDA graph. Default block sizes (``replay_config``) come
+from H200 measurements (examples/benchmarks/results/). With ``early_load`` (small
+batches) every load of a program's first head is issued before the cursor is known.
 """
 
 from __future__ import annotations
