@@ -32,9 +32,9 @@ separate tiny launch instead.
 ``route="split"`` runs the two routes as two launches: first a persistent flush launch
 (``_mamba2_flush_kernel``: a few programs per multiprocessor share the flush rows' work
 items, found on the device from the cursors), then the output-only launch, from which
-flush rows exit early. On the H200 it pays off only when few rows flush at once (serving
-with staggered cursors, 16-bit checkpoints); with all rows flushing together the fused
-launch is faster, so it stays the default. Neither variant syncs with the host, so a
+flush rows exit early. On the H200 (batch 256) it was slower than the fused launch both
+with all rows flushing together and with staggered cursors (bf16 checkpoint, staggered:
+290 µs fused vs 304-318 split), so the fused launch stays the default. Neither variant syncs with the host, so a
 whole step can be captured in a CUDA graph. Default block sizes (``replay_config``) come
 from H200 measurements (examples/benchmarks/results/). With ``early_load`` (small
 batches) every load of a program's first head is issued before the cursor is known.
