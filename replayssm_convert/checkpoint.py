@@ -64,7 +64,7 @@ def test_hook(event: str) -> str | None:
 
     $REPLAYSSM_TEST_HOOK is a comma-separated list of ``event`` or ``event:arg`` items, used
     by the test-suite to inject failures (``fail-after-shard:1``, ``interrupt-after-shard:1``,
-    ``pause-after-shard:1``, ``perturb-logits``). Unset in normal use.
+    ``pause-after-shard:1``, ``perturb-logits``, ``perturb-stock-logits``). Unset in normal use.
     """
     raw = os.environ.get(TEST_HOOK_ENV)
     if not raw:

@@ -318,3 +318,36 @@ def test_unreadable_inputs(tiny_dir, tmp_path):
     with pytest.raises(CheckpointError, match="is a file, not a checkpoint directory"):
         replayssm.convert(tiny_dir("mamba2") / "config.json", tmp_path / "out", validate=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling"]
+
+
+@pytest.mark.parametrize("hook,passes", [("perturb-stock-logits", True), ("perturb-logits", False)])
+def test_16bit_validation_is_settled_against_the_fp32_model(tiny_dir, tmp_path, monkeypatch, hook, passes):
+    """A 16-bit comparison that fails against the stock model is decided by an fp32 decode:
+    it passes when the stock 16-bit logits are the further from the fp32 ones (a noisier stock
+    path), and fails when ReplaySSM's are."""
+    import replayssm
+
+    monkeypatch.setenv("REPLAYSSM_TEST_HOOK", hook)
+    tiny_dir("nemotron_h")
+    out = tmp_path / "out"
+    if passes:
+        result = replayssm.convert("tiny:nemotron_h", out, device="cpu", dtype="bf16", buffer_len=4)
+        v = result.validation
+        assert v.passed and v.oracle == "fp32" and v.max_abs_diff > v.tolerance
+        assert v.oracle_patched_diff < v.oracle_stock_diff
+        assert result.to_dict()["validation"]["oracle"] == "fp32"
+        assert out.is_dir()
+    else:
+        with pytest.raises(replayssm.ValidationFailedError, match="ReplaySSM is the further"):
+            replayssm.convert("tiny:nemotron_h", out, device="cpu", dtype="bf16", buffer_len=4)
+        assert not out.exists()
+
+
+def test_fp32_validation_has_no_oracle_fallback(tiny_dir, tmp_path, monkeypatch):
+    """In fp32 the stock model is the oracle: a noisier stock decode fails the check."""
+    import replayssm
+
+    monkeypatch.setenv("REPLAYSSM_TEST_HOOK", "perturb-stock-logits")
+    tiny_dir("nemotron_h")
+    with pytest.raises(replayssm.ValidationFailedError, match="exceeds tol"):
+        replayssm.convert("tiny:nemotron_h", tmp_path / "out", device="cpu", dtype="fp32", buffer_len=4)
