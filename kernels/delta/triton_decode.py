@@ -370,6 +370,7 @@ def delta_replay_decode_triton(
     flush_stages: int | None = None,
     coef_block_k: int | None = None,
     coef_warps: int | None = None,
+    one_launch: bool = False,
 ) -> torch.Tensor:
     """Triton version of ``delta_replay_decode_reference`` (same arguments and result).
 
@@ -380,7 +381,8 @@ def delta_replay_decode_triton(
     (same for the flush launch), ``flush_programs`` (programs of the persistent flush
     launch; default a few per multiprocessor), ``flush_stages`` (software-pipelining
     stages of its loop over work items), ``coef_block_k`` / ``coef_warps`` (key-dim tile
-    and warps of the coefficient launch). Defaults: ``default_config``.
+    and warps of the coefficient launch). Defaults: ``default_config``. ``one_launch=True``
+    runs the small-batch kernel of ``triton_small_batch.py`` instead (K <= 256; opt-in).
     """
     Bt, HV, Hk, L, K, V = _check_shapes(q, k, v, g, beta, state, u_buf, k_buf, g_buf)
     if cursor.dtype != torch.int32 or tuple(cursor.shape) != (Bt,):
@@ -391,6 +393,13 @@ def delta_replay_decode_triton(
     if out is None:
         out = torch.empty((Bt, HV, V), dtype=v.dtype, device=v.device)
     if Bt == 0:
+        return out
+    if one_launch:
+        from .triton_small_batch import delta_replay_decode_small_batch
+
+        delta_replay_decode_small_batch(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, write_idle,
+                                        block_v=block_v, num_warps=num_warps)
+        advance_cursor_triton(cursor, L)
         return out
     cfg = default_config(K, V, state.dtype, kda)
     vp = max(16, triton.next_power_of_2(V))

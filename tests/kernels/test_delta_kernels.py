@@ -76,6 +76,9 @@ CASES = [
     ("kda-L4-2vblocks", 2, 2, 20, 24, 4, True, dict(block_v=16)),
     ("kda-L3-ktiles", 2, 2, 40, 24, 3, True, dict(block_k=16)),
     ("gdn-L4-one-flush-program", 2, 4, 20, 24, 4, False, dict(flush_programs=1, flush_block_v=16)),
+    ("gdn-gva-L4-one-launch", 2, 4, 20, 24, 4, False, dict(one_launch=True)),
+    ("gdn-L1-one-launch", 2, 4, 20, 24, 1, False, dict(one_launch=True)),
+    ("kda-L4-one-launch-2vblocks", 2, 2, 20, 24, 4, True, dict(one_launch=True, block_v=16)),
     ("kda-L3-two-flush-programs", 2, 2, 20, 24, 3, True, dict(flush_programs=2)),
 ]
 
@@ -112,13 +115,14 @@ def test_replay_kernel_matches_reference(case):
     assert torch.all(out_k[2] == 3.0)  # the idle row's output was never written
 
 
-def test_replay_kernel_out_none_zeroes_idle_rows():
+@pytest.mark.parametrize("one_launch", [False, True], ids=["four-launches", "one-launch"])
+def test_replay_kernel_out_none_zeroes_idle_rows(one_launch):
     gen = torch.Generator().manual_seed(8)
     Bt, Hk, HV, K, V, L = 2, 1, 2, 16, 16, 2
     ker = _setup(gen, Bt, Hk, HV, K, V, L, False, [1, -1])
     ref = [t.clone() for t in ker]
     x = _token(gen, Bt, Hk, HV, K, V, False)
-    o_k = delta_replay_decode(*x, *ker, backend="triton")
+    o_k = delta_replay_decode_triton(*x, *ker, one_launch=one_launch)
     o_r = delta_replay_decode(*x, *ref, backend="torch")
     _same(o_k, o_r)
     assert torch.equal(o_k[1], torch.zeros_like(o_k[1]))
