@@ -17,7 +17,7 @@ The Triton variants run inside CUDA graphs whose body steps R copies of the laye
 and rings, so the working set stays well above the 60 MB L2 even at batch 1; time per step
 is the median graph replay time (``triton.testing.do_bench``) over the steps it holds.
 
-    python examples/benchmarks/bench_delta.py --out DIR [--quick] [--sweep | --sweep-only]
+    python examples/benchmarks/bench_delta.py --out DIR [--quick] [--sweep | --sweep-only] [--phases]
 """
 
 from __future__ import annotations
@@ -354,6 +354,69 @@ def sweep(dev, copy_bw, log, Bt=256, L=16):
     return rows, best
 
 
+def phases(dev, copy_bw, log, Bt=256, L=16):
+    """Where a step's time goes (defaults, every shape, fp32 and bf16 checkpoints): the step
+    alone at cursor 0, at cursor L-2 and at the flush (all rows at that cursor), a staggered
+    cycle (row b starts at cursor b mod L, so 1/L of the rows flush every step), and, on CUDA,
+    each launch's device time from the torch profiler at cursor L-2 and at the flush."""
+    from replayssm.kernels.delta.triton_decode import delta_replay_decode_triton
+
+    if dev != "cuda":
+        Bt = 2
+    rows = []
+    for shape, (Hk, HV, K, V, kda) in SHAPES.items():
+        for sdt in (torch.float32, torch.bfloat16):
+            lay = Layer(Bt, Hk, HV, K, V, kda, sdt, torch.bfloat16, 1, dev)
+            x = (lay.q, lay.k, lay.v, lay.g, lay.beta)
+            (u, kb, gb, cur), = lay.rings(L)
+
+            def step():
+                delta_replay_decode_triton(*x, lay.states[0], u, kb, gb, cur, lay.out)
+
+            row = dict(shape=shape, state=str(sdt).replace("torch.", ""), batch=Bt, L=L)
+            for label, cval in (("c0", 0), (f"c{L - 2}", L - 2), ("flush", L - 1)):
+                def at_cursor():
+                    for _ in range(4):
+                        cur.fill_(cval)
+                        step()
+
+                row[f"{label}_us"] = time_steps(at_cursor, 4)  # includes a tiny fill launch
+                if dev == "cuda" and label != "c0":
+                    row[f"{label}_launch_us"] = _launch_times(step, cur, cval)
+            cur.copy_(torch.arange(Bt, device=cur.device, dtype=torch.int32) % L)
+
+            def staggered():
+                for _ in range(L):
+                    step()
+
+            row["staggered_us"] = time_steps(staggered, L)
+            rows.append(row)
+            log(row)
+            del lay, u, kb, gb
+    return rows
+
+
+def _launch_times(step, cur, cval, reps=10):
+    """Mean device µs per launch name (torch profiler) for ``reps`` steps at cursor ``cval``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        cur.fill_(cval)
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            cur.fill_(cval)
+            step()
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None)
+        if t is not None and e.key.startswith("_"):  # the Triton kernels
+            out[e.key] = round(t / max(1, e.count), 2)
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="examples/benchmarks/results/latest")
@@ -361,6 +424,8 @@ def main(argv=None):
     ap.add_argument("--sweep", action="store_true", help="also time a few launch configurations first")
     ap.add_argument("--sweep-only", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, any device (checks the script itself)")
+    ap.add_argument("--phases", action="store_true",
+                    help="also time the step at fixed cursors, staggered cycles and each launch (profiler)")
     args = ap.parse_args(argv)
 
     out = Path(args.out)
@@ -397,6 +462,10 @@ def main(argv=None):
                                                          default=str))
         if args.sweep_only:
             return
+    phase_rows = []
+    if args.phases:
+        phase_rows = phases(dev, copy_bw, log)
+        (out / "delta_phases.json").write_text(json.dumps(phase_rows, indent=1, default=str))
     results = []
     hf_cache = {}
     for shape in SHAPES:
