@@ -16,3 +16,22 @@ def test_quickstart(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "model.layers.0.mamba" in proc.stdout
     assert "greedy tokens identical: True" in proc.stdout
+
+
+def test_delta_benchmark_smoke_run(tmp_path):
+    """examples/benchmarks/bench_delta.py --smoke (tiny shapes, Triton interpreter on CPU) writes
+    its table and JSON with a replay time, a per-step time and a byte floor for every row."""
+    import json
+    import os
+
+    env = dict(os.environ, TRITON_INTERPRET="1", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "benchmarks" / "bench_delta.py"), "--smoke",
+                           "--out", str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads((tmp_path / "delta_bench.json").read_text())
+    assert {r["shape"] for r in data["results"]} == {"smoke-gdn", "smoke-kda"}
+    for r in data["results"]:
+        assert r["step_us"] > 0
+        for x in r["replay"].values():
+            assert x["us"] > 0 and x["floor_us"] > 0
+    assert "| state | batch |" in (tmp_path / "delta_bench.md").read_text()
