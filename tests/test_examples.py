@@ -35,3 +35,20 @@ def test_delta_benchmark_smoke_run(tmp_path):
         for x in r["replay"].values():
             assert x["us"] > 0 and x["floor_us"] > 0
     assert "| state | batch |" in (tmp_path / "delta_bench.md").read_text()
+
+
+def test_mamba2_benchmark_smoke_run(tmp_path):
+    """examples/benchmarks/bench_mamba2.py --smoke (one tiny shape, Triton interpreter on CPU)
+    writes its table and JSON with replay, per-step and transformers times and byte floors."""
+    import json
+    import os
+
+    env = dict(os.environ, TRITON_INTERPRET="1", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "benchmarks" / "bench_mamba2.py"), "--smoke",
+                           "--out", str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads((tmp_path / "mamba2_bench.json").read_text())
+    assert len(data["results"]) == 2  # fp32 and bf16 checkpoints
+    for r in data["results"]:
+        assert r["replay_L4_us"] > 0 and r["step_us"] > 0 and r["hf_us"] > 0 and r["replay_L4_floor_us"] > 0
+    assert "smoke" in (tmp_path / "mamba2_bench.md").read_text()

@@ -146,14 +146,14 @@ class Layer:
 
 
 def bench_config(name, shape, Bt, sdt, adt, Ls, mssu, hf, dev, copy_bw, use_graph=True, hf_max_batch=256,
-                 tuned=None, stagger_L=16):
+                 tuned=None, stagger_L=16, copies=None):
     from replayssm.kernels.mamba2.triton_decode import launch_mamba2_replay_decode
     from replayssm.kernels.mamba2.triton_step import launch_mamba2_step_decode
 
     H, P, N, G = shape
     s, a = torch.tensor([], dtype=sdt).element_size(), torch.tensor([], dtype=adt).element_size()
     state_bytes = Bt * H * P * N * s
-    R = max(1, min(64, math.ceil(3 * L2_BYTES / state_bytes)))
+    R = copies or max(1, min(64, math.ceil(3 * L2_BYTES / state_bytes)))
     lay = Layer(Bt, H, P, N, G, sdt, adt, R, dev)
     res = dict(shape=name, H=H, P=P, N=N, G=G, batch=Bt, state_dtype=str(sdt).split(".")[-1],
                act_dtype=str(adt).split(".")[-1], copies=R)
@@ -447,16 +447,23 @@ def main(argv=None):
     ap.add_argument("--sweep-only", action="store_true")
     ap.add_argument("--no-graph", action="store_true")
     ap.add_argument("--no-tune", action="store_true", help="default launch heuristics at every batch")
+    ap.add_argument("--smoke", action="store_true",
+                    help="one tiny shape, any device (the Triton interpreter on CPU): checks the script itself")
     args = ap.parse_args(argv)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if not torch.cuda.is_available():
-        print("bench_mamba2: no CUDA device; nothing to time")
+    if not torch.cuda.is_available() and not args.smoke:
+        print("bench_mamba2: no CUDA device; nothing to time (--smoke runs a tiny shape anywhere)")
         return 0
     import triton
 
     sys.path.insert(0, str(ROOT))
-    dev = torch.device("cuda")
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    shapes, copies = SHAPES, None
+    if args.smoke:
+        shapes, copies = {"smoke": (4, 16, 16, 2)}, 1
+        args.no_tune = True
+        args.no_graph = args.no_graph or dev.type != "cuda"
     t0 = time.time()
     logf = open(out_dir / "bench_mamba2_progress.log", "a")
 
@@ -466,7 +473,7 @@ def main(argv=None):
         logf.write(line + "\n")
         logf.flush()
 
-    copy_bw = copy_bandwidth(dev)
+    copy_bw = copy_bandwidth(dev) if dev.type == "cuda" else 1e11  # nominal on CPU (smoke runs only)
     hf, hf_note = load_hf()  # first: transformers must not see the mamba_ssm stand-in modules
     mssu, mssu_note = load_mamba_ssm()
     try:
@@ -475,10 +482,11 @@ def main(argv=None):
         tv = transformers.__version__
     except Exception:
         tv = "absent"
-    meta = dict(gpu=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(), torch=torch.__version__,
-                triton=triton.__version__, transformers=tv, python=platform.python_version(),
-                mamba_ssm=mssu_note, hf=hf_note, copy_bw_GBps=copy_bw / 1e9,
-                sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    cuda = dev.type == "cuda"
+    meta = dict(gpu=torch.cuda.get_device_name() if cuda else "cpu (smoke run)", date=datetime.date.today().isoformat(),
+                torch=torch.__version__, triton=triton.__version__, transformers=tv,
+                python=platform.python_version(), mamba_ssm=mssu_note, hf=hf_note, copy_bw_GBps=copy_bw / 1e9,
+                sms=torch.cuda.get_device_properties(0).multi_processor_count if cuda else None)
     log(meta)
     if args.sweep or args.sweep_only:
         sweep(dev, copy_bw, out_dir, log)
@@ -487,13 +495,15 @@ def main(argv=None):
             return 0
     batches = [1, 32, 256] if args.quick else BATCHES
     Ls = [8, 16] if args.quick else LS
+    if args.smoke:
+        batches, Ls = [2], [4]
     results, tuning = [], []
-    for name, shape in SHAPES.items():
+    for name, shape in shapes.items():
         for sdt in (torch.float32, torch.bfloat16):
             best = tune_replay(name, shape, sdt, dev, copy_bw, tuning, log) if not args.no_tune else None
             for Bt in batches:
                 r = bench_config(name, shape, Bt, sdt, torch.bfloat16, Ls, mssu, hf, dev, copy_bw,
-                                 use_graph=not args.no_graph, tuned=best if Bt >= 256 else None)
+                                 use_graph=not args.no_graph, tuned=best if Bt >= 256 else None, copies=copies)
                 results.append(summarize(r, Ls))
                 log({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()})
                 write_outputs(out_dir, meta, results, tuning, Ls, t0)  # keep partial results
