@@ -546,7 +546,11 @@ def _pow2(v: int) -> int:
 def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC: int, BLOCK_N: int | None = None,
                        BLOCK_NF: int | None = None, num_warps: int = 4, num_stages: int = 1, route: str = "fused",
                        advance: str = "atomic", flush: dict | None = None, early_load: bool = False) -> dict:
-    """A complete launch configuration from its free knobs (``flush``: knobs of the flush launch of ``route='split'``)."""
+    """A complete launch configuration from its free knobs.
+
+    ``flush``: knobs of the persistent flush launch of ``route='split'`` (``BLOCK_P``, ``HC``,
+    ``BLOCK_NF``, ``num_warps``, ``num_stages``, ``programs_per_sm`` (default 4) or an absolute
+    ``programs`` count)."""
     HPG = H // G
     if BLOCK_N is None:
         BLOCK_N = max(16, min(_pow2(N), 256)) if N <= 256 else 128
