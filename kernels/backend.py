@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -67,3 +68,13 @@ def resolve_backend(requested: str, device: torch.device) -> str:
             f"backend='triton' on {device.type} tensors needs TRITON_INTERPRET=1 set before triton is imported"
         )
     return "triton"
+
+
+@functools.lru_cache(maxsize=16)
+def num_sms(device_type: str, index: int | None = None) -> int:
+    """Multiprocessors of a CUDA device; off the GPU (interpreter runs) an H200's 132, so that
+    launch heuristics pick the same shapes as there."""
+    if device_type == "cuda":
+        return torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()
+                                                ).multi_processor_count
+    return 132

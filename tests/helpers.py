@@ -80,6 +80,17 @@ def low_precision_errors(family, dtype, device, backend, state_dtype=None, steps
     return stock, patched
 
 
+def generate_patched(model, ids, mask, patch_kw: dict, **kwargs):
+    """``generate`` with ``replayssm.patch(model, **patch_kw)`` applied, and undone afterwards."""
+    import replayssm
+
+    replayssm.patch(model, **patch_kw)
+    try:
+        return generate(model, ids, mask, **kwargs)
+    finally:
+        replayssm.unpatch(model)
+
+
 def max_logit_diff(a, b) -> float:
     return max((x.float() - y.float()).abs().max().item() for x, y in zip(a.logits, b.logits))
 

@@ -14,7 +14,8 @@ import torch
 import replayssm
 from replayssm.patches.registry import original_class
 
-from helpers import DELTA_FAMILIES, MAMBA2_FAMILIES, generate, left_padded_batch, max_logit_diff, tiny
+from helpers import (DELTA_FAMILIES, MAMBA2_FAMILIES, generate, generate_patched, left_padded_batch, max_logit_diff,
+                     tiny)
 
 NEW = 64
 STOCK_STEP = {"mamba2": "mamba2_selective_state_update", "gated_deltanet": "torch_recurrent_gated_delta_rule",
@@ -65,9 +66,5 @@ def test_beam_search_matches_stock(family):
     ids, mask = left_padded_batch(seed=2, batch=2)
     kw = dict(max_new_tokens=24, min_new_tokens=24, num_beams=3, num_return_sequences=2, output_logits=False)
     ref = generate(model, ids, mask, **kw)
-    replayssm.patch(model, buffer_len=4)
-    try:
-        out = generate(model, ids, mask, **kw)
-    finally:
-        replayssm.unpatch(model)
+    out = generate_patched(model, ids, mask, dict(buffer_len=4), **kw)
     assert torch.equal(out.sequences, ref.sequences)

@@ -9,11 +9,10 @@ import os
 import pytest
 import torch
 
-import replayssm
 import replayssm.kernels.delta as delta_kernels
 import replayssm.kernels.mamba2 as mamba2_kernels
 
-from helpers import generate, left_padded_batch, max_logit_diff, tiny
+from helpers import generate, generate_patched, left_padded_batch, max_logit_diff, tiny
 
 pytestmark = pytest.mark.skipif(
     torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1",
@@ -32,10 +31,7 @@ def test_triton_backend_matches_stock(family, monkeypatch):
 
     monkeypatch.setattr(mamba2_kernels, "mamba2_replay_decode_reference", no_reference)
     monkeypatch.setattr(delta_kernels, "delta_replay_decode_reference", no_reference)
-    replayssm.patch(model, buffer_len=4, backend="triton")
-    try:
-        out = generate(model, ids, mask, max_new_tokens=10, min_new_tokens=10)
-    finally:
-        replayssm.unpatch(model)
+    out = generate_patched(model, ids, mask, dict(buffer_len=4, backend="triton"), max_new_tokens=10,
+                           min_new_tokens=10)
     assert torch.equal(out.sequences, ref.sequences)
     assert max_logit_diff(out, ref) < 1e-4

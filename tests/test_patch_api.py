@@ -10,8 +10,8 @@ import replayssm
 from replayssm import NoSSMLayersError, UnsupportedLayerError, ConfigError
 from replayssm.patches.cache_state import get_buffers
 
-from helpers import (assert_close_until_near_tie, generate, left_padded_batch, low_precision_errors, max_logit_diff,
-                     tiny)
+from helpers import (assert_close_until_near_tie, generate, generate_patched, left_padded_batch, low_precision_errors,
+                     max_logit_diff, tiny)
 
 
 def test_sampling_num_return_sequences_and_repeated_calls():
@@ -39,11 +39,7 @@ def test_prompt_of_length_one(family):
     ids = torch.tensor([[5], [17]])
     mask = torch.ones_like(ids)
     ref = generate(model, ids, mask, max_new_tokens=20, min_new_tokens=20)
-    replayssm.patch(model, buffer_len=3)
-    try:
-        out = generate(model, ids, mask, max_new_tokens=20, min_new_tokens=20)
-    finally:
-        replayssm.unpatch(model)
+    out = generate_patched(model, ids, mask, dict(buffer_len=3), max_new_tokens=20, min_new_tokens=20)
     assert torch.equal(out.sequences, ref.sequences)
     assert max_logit_diff(out, ref) < 1e-4
 
@@ -105,11 +101,8 @@ def test_bf16_model(state_dtype):
     model = tiny("bamba", torch.bfloat16)
     ids, mask = left_padded_batch(seed=5, batch=2)
     ref = generate(model, ids, mask, max_new_tokens=24, min_new_tokens=24)
-    replayssm.patch(model, buffer_len=8, state_dtype=state_dtype)
-    try:
-        out = generate(model, ids, mask, max_new_tokens=24, min_new_tokens=24)
-    finally:
-        replayssm.unpatch(model)
+    out = generate_patched(model, ids, mask, dict(buffer_len=8, state_dtype=state_dtype), max_new_tokens=24,
+                           min_new_tokens=24)
     assert_close_until_near_tie(out, ref, ids.shape[1], tol=0.15)
 
 
@@ -130,11 +123,8 @@ def test_fp16_model_runs_close():
     model = tiny("mamba2", torch.float16)
     ids, mask = left_padded_batch(seed=6, batch=2)
     ref = generate(model, ids, mask, max_new_tokens=12, min_new_tokens=12)
-    replayssm.patch(model, buffer_len=4, state_dtype="fp16")
-    try:
-        out = generate(model, ids, mask, max_new_tokens=12, min_new_tokens=12)
-    finally:
-        replayssm.unpatch(model)
+    out = generate_patched(model, ids, mask, dict(buffer_len=4, state_dtype="fp16"), max_new_tokens=12,
+                           min_new_tokens=12)
     assert torch.isfinite(torch.stack(out.logits)).all()
     assert (out.logits[0].float() - ref.logits[0].float()).abs().max() < 0.25
 

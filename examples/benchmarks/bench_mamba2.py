@@ -134,6 +134,21 @@ class Layer:
         self.D_hf = self.D[:, None].expand(H, P)
         self.dtb_hf = self.dt_bias[:, None].expand(H, P)
 
+    def replay_body(self, bufs, steps, config=None, cursor=None):
+        """A function running ``steps`` replay steps on every copy (interleaved across copies);
+        with ``cursor`` set, every step starts from that cursor (one step kind alone)."""
+        from replayssm.kernels.mamba2.triton_decode import launch_mamba2_replay_decode
+
+        def body():
+            for _ in range(steps):
+                for st, (xb, db, bb, cur) in zip(self.states, bufs):
+                    if cursor is not None:
+                        cur.fill_(cursor)
+                    launch_mamba2_replay_decode(self.x, self.dt, self.B, self.C, st, xb, db, bb, cur, self.A,
+                                                self.dt_bias, self.D, None, True, self.out, False, config=config)
+
+        return body
+
     def buffers(self, L):
         Bt, H, P, N, G = self.dims
         dev = self.x.device
@@ -147,7 +162,6 @@ class Layer:
 
 def bench_config(name, shape, Bt, sdt, adt, Ls, mssu, hf, dev, copy_bw, use_graph=True, hf_max_batch=256,
                  tuned=None, stagger_L=16, copies=None):
-    from replayssm.kernels.mamba2.triton_decode import launch_mamba2_replay_decode
     from replayssm.kernels.mamba2.triton_step import launch_mamba2_step_decode
 
     H, P, N, G = shape
@@ -203,11 +217,7 @@ def bench_config(name, shape, Bt, sdt, adt, Ls, mssu, hf, dev, copy_bw, use_grap
                 kn["BLOCK_NF"] = max(16, kn["BLOCK_NF"] // 2)
             cfg = make_replay_config(H, P, N, G, L, **kn)
 
-        def replay_body():
-            for _ in range(L):  # one full cycle for every copy, interleaved across copies
-                for st, (xb, db, bb, cur) in zip(lay.states, bufs):
-                    launch_mamba2_replay_decode(lay.x, lay.dt, lay.B, lay.C, st, xb, db, bb, cur, lay.A,
-                                                lay.dt_bias, lay.D, None, True, lay.out, False, config=cfg)
+        replay_body = lay.replay_body(bufs, L, cfg)  # one full cycle for every copy
 
         res[f"replay_L{L}_us"] = time_steps(replay_body, L * R, graph=use_graph)
         res[f"replay_L{L}_floor_us"] = replay_bytes(Bt, H, P, N, G, L, s, a) / copy_bw * 1e6
@@ -302,7 +312,7 @@ def tune_candidates(H, P, N, G):
 
 def tune_replay(name, shape, sdt, dev, copy_bw, tuning, log, Bt=256, L=16):
     """Time the candidates on a synchronised L-step cycle at batch ``Bt``; return the fastest's knobs."""
-    from replayssm.kernels.mamba2.triton_decode import launch_mamba2_replay_decode, make_replay_config
+    from replayssm.kernels.mamba2.triton_decode import make_replay_config
 
     H, P, N, G = shape
     lay = Layer(Bt, H, P, N, G, sdt, torch.bfloat16, 1, dev)
@@ -313,11 +323,7 @@ def tune_replay(name, shape, sdt, dev, copy_bw, tuning, log, Bt=256, L=16):
     for kn in tune_candidates(H, P, N, G):
         cfg = make_replay_config(H, P, N, G, L, **kn) if kn else None
 
-        def body():
-            for _ in range(L):
-                for st, (xb, db, bb, cur) in zip(lay.states, bufs):
-                    launch_mamba2_replay_decode(lay.x, lay.dt, lay.B, lay.C, st, xb, db, bb, cur, lay.A,
-                                                lay.dt_bias, lay.D, None, True, lay.out, False, config=cfg)
+        body = lay.replay_body(bufs, L, cfg)
 
         try:
             us = time_steps(body, L)
@@ -338,7 +344,7 @@ def tune_replay(name, shape, sdt, dev, copy_bw, tuning, log, Bt=256, L=16):
 def sweep(dev, copy_bw, out_dir, log):
     """Time a few launch configurations of both kernels (Super shape) to pick the defaults,
     and the replay kernel's three kinds of step (cursor 0, cursor L-2, flush) separately."""
-    from replayssm.kernels.mamba2.triton_decode import launch_mamba2_replay_decode, make_replay_config
+    from replayssm.kernels.mamba2.triton_decode import make_replay_config
     from replayssm.kernels.mamba2.triton_step import launch_mamba2_step_decode, make_step_config
 
     H, P, N, G = SHAPES["nemotron3-super"]
@@ -369,11 +375,7 @@ def sweep(dev, copy_bw, out_dir, log):
         for kn in rcfgs:
             cfg = make_replay_config(H, P, N, G, L, **kn)
 
-            def body():
-                for _ in range(L):
-                    for st, (xb, db, bb, cur) in zip(lay.states, bufs):
-                        launch_mamba2_replay_decode(lay.x, lay.dt, lay.B, lay.C, st, xb, db, bb, cur, lay.A,
-                                                    lay.dt_bias, lay.D, None, True, lay.out, False, config=cfg)
+            body = lay.replay_body(bufs, L, cfg)
 
             try:
                 us = time_steps(body, L * R)
@@ -388,12 +390,7 @@ def sweep(dev, copy_bw, out_dir, log):
             cfg = make_replay_config(H, P, N, G, L, **best[0])
             ent = H * P * 2 + H * 4 + G * N * 2
             for label, cval in (("c=0", 0), (f"c={L - 2}", L - 2), ("flush", L - 1)):
-                def body_k():
-                    for _ in range(4):
-                        for st, (xb, db, bb, cur) in zip(lay.states, bufs):
-                            cur.fill_(cval)
-                            launch_mamba2_replay_decode(lay.x, lay.dt, lay.B, lay.C, st, xb, db, bb, cur, lay.A,
-                                                        lay.dt_bias, lay.D, None, True, lay.out, False, config=cfg)
+                body_k = lay.replay_body(bufs, 4, cfg, cursor=cval)
 
                 us = time_steps(body_k, 4 * R)
                 byts = Bt * ((2 if cval == L - 1 else 1) * H * P * N * s + cval * ent + 2 * ent + 2 * G * N * 2
@@ -405,11 +402,7 @@ def sweep(dev, copy_bw, out_dir, log):
                 b2 = lay.buffers(L2)
                 cfg2 = make_replay_config(H, P, N, G, L2, **best[0])
 
-                def body2():
-                    for _ in range(L2):
-                        for st, (xb, db, bb, cur) in zip(lay.states, b2):
-                            launch_mamba2_replay_decode(lay.x, lay.dt, lay.B, lay.C, st, xb, db, bb, cur, lay.A,
-                                                        lay.dt_bias, lay.D, None, True, lay.out, False, config=cfg2)
+                body2 = lay.replay_body(b2, L2, cfg2)
 
                 us = time_steps(body2, L2 * R)
                 fl = replay_bytes(Bt, H, P, N, G, L2, s, 2) / copy_bw * 1e6

@@ -41,13 +41,12 @@ slots are selected away (NaN there is harmless). The interpreter runs the dot wi
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from ..backend import triton_interpreter_on
+from ..backend import num_sms, triton_interpreter_on
+from ..persistent import flush_row_chunks, flush_row_prefix, nth_flush_row
 from .reference import _check_shapes
 
 __all__ = ["delta_replay_decode_triton", "advance_cursor_triton"]
@@ -250,12 +249,9 @@ def _delta_flush_kernel(
     of the rows ``row0 .. row0 + n_rows - 1`` whose cursor is ``L - 1``, found on the device
     from the cursors (a prefix count), so a step without flush rows costs one small load
     per program and flush work spreads over every program whether 1 row or all flush."""
-    offs_b = tl.arange(0, BB)
-    cv = tl.load(cur_ptr + (row0 + offs_b) * sc_b, mask=offs_b < n_rows, other=-1)
-    fl = (cv == L - 1).to(tl.int32)
-    csum = tl.cumsum(fl, axis=0)
+    csum, n_flush = flush_row_prefix(cur_ptr, sc_b, row0, n_rows, L, BB)
     per_row = HV * NV
-    total = tl.sum(fl, axis=0) * per_row
+    total = n_flush * per_row
     offs_l = tl.arange(0, LP)
     ml = offs_l < L - 1  # the L - 1 buffered entries
     for w in range(tl.program_id(0), total, tl.num_programs(0)):
@@ -263,7 +259,7 @@ def _delta_flush_kernel(
         rem = w - rank * per_row
         h = rem // NV
         i_v = rem - h * NV
-        b = (row0 + tl.sum((csum <= rank).to(tl.int32), axis=0)).to(tl.int64)  # the rank-th flush row
+        b = nth_flush_row(csum, rank, row0)
         hk = h // GROUP
         i_bh = b * HV + h
         offs_v = i_v * BV + tl.arange(0, BV)
@@ -320,17 +316,6 @@ def advance_cursor_triton(cursor: torch.Tensor, L: int) -> None:
         return
     BLOCK = 256
     _advance_cursor_kernel[(triton.cdiv(Bt, BLOCK),)](cursor, cursor.stride(0), Bt, L, BLOCK=BLOCK)
-
-
-#: rows per persistent flush launch (its programs hold one cursor per row in registers)
-_FLUSH_ROWS = 4096
-
-
-@functools.lru_cache(maxsize=8)
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
 
 
 def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
@@ -410,9 +395,13 @@ def delta_replay_decode_triton(
     LP = max(16, triton.next_power_of_2(L))
     NV, NVF = triton.cdiv(V, BV), triton.cdiv(V, BVF)
     dev = v.device
-    xs = torch.empty((Bt, HV, 2, K), dtype=torch.float32, device=dev)  # [exp(G_c) k_c, exp(G_c) q]
-    cw = torch.empty((Bt, HV, 3, LP), dtype=torch.float32, device=dev)  # [ck, cq, k_c . q]
-    uf = torch.empty((Bt, HV, V), dtype=torch.float32, device=dev)  # u_c of flush rows
+    # one fp32 scratch allocation per call, viewed as: xs (Bt, HV, 2, K) [exp(G_c) k_c, exp(G_c) q],
+    # cw (Bt, HV, 3, LP) [ck, cq, k_c . q], uf (Bt, HV, V) u_c of flush rows
+    n_x, n_c = Bt * HV * 2 * K, Bt * HV * 3 * LP
+    scratch = torch.empty(n_x + n_c + Bt * HV * V, dtype=torch.float32, device=dev)
+    xs = scratch[:n_x].view(Bt, HV, 2, K)
+    cw = scratch[n_x:n_x + n_c].view(Bt, HV, 3, LP)
+    uf = scratch[n_x + n_c:].view(Bt, HV, V)
     sq, sk, sv = q.stride(), k.stride(), v.stride()
     sg = (g.stride(0), g.stride(1), g.stride(2) if kda else 0)
     sgb = (g_buf.stride(0), g_buf.stride(1), g_buf.stride(2), g_buf.stride(3) if kda else 0)
@@ -430,14 +419,13 @@ def delta_replay_decode_triton(
         KDA=kda, BK=BK, NK=NK, BV=BV, LP=LP, WRITE_IDLE=bool(write_idle),
         num_warps=num_warps or cfg["num_warps"],
     )
-    n_prog = flush_programs or cfg["flush_programs"] * _num_sms(dev)
-    for row0 in range(0, Bt, _FLUSH_ROWS):
-        n_rows = min(_FLUSH_ROWS, Bt - row0)
+    n_prog = flush_programs or cfg["flush_programs"] * num_sms(dev.type, dev.index)
+    for row0, n_rows, BB in flush_row_chunks(Bt):
         _delta_flush_kernel[(max(1, min(n_prog, n_rows * HV * NVF)),)](
             k, g, state, u_buf, k_buf, g_buf, cursor, uf,
             *sk, *sg, *ss, *sub, *skb, *sgb, cursor.stride(0),
             row0, n_rows, HV, GROUP, K, V, L, NVF,
-            KDA=kda, BK=BK, NK=NK, BV=BVF, LP=LP, BB=max(16, triton.next_power_of_2(n_rows)),
+            KDA=kda, BK=BK, NK=NK, BV=BVF, LP=LP, BB=BB,
             DOT_PREC="ieee" if triton_interpreter_on() else "tf32x3",
             num_warps=flush_warps or cfg["flush_warps"], num_stages=flush_stages or cfg["flush_stages"],
         )

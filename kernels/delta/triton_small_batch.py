@@ -4,8 +4,9 @@ At batch 1-4 the four-launch step of ``triton_decode.py`` is bound by launch lat
 (H200, Qwen3.5-4B: 11.3 µs per step at batch 1, against 6.0 µs measured for the earlier
 one-launch kernel whose default path this is, the per-step kernel 4.4 µs). Opt-in
 (``delta_replay_decode_triton(..., one_launch=True)``) until this module has run on a GPU
-(it was rewritten from that kernel without one). What it computes: one program per (row b, value head h, block of BV value columns) holds the whole
-key dim (K <= 256) and, with ``c = cursor[b]``:
+(it was rewritten from that kernel without one). What it computes: one program per
+(row b, value head h, block of BV value columns) holds the whole key dim (K <= 256) and,
+with ``c = cursor[b]``:
 
 * non-flush rows (output only): ``A^T x = S0^T (exp(G_c) x) + sum_j (w_j k_j . x) u_j``
   for x in (k_c, q) without forming A, then ``u_c = beta (v - r)``,
@@ -21,7 +22,6 @@ into a freshly allocated output). The cursors are advanced by a second tiny laun
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 

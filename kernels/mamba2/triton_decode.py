@@ -48,6 +48,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ..backend import num_sms
+from ..persistent import flush_row_chunks, flush_row_prefix, nth_flush_row
+
 __all__ = ["mamba2_replay_decode_triton", "launch_mamba2_replay_decode", "make_replay_config", "replay_config"]
 
 
@@ -96,6 +99,34 @@ def _row_pointers(b, g, c, offs_p, mask_p, x_ptr, dt_ptr, B_ptr, C_ptr, state_pt
     return (offs_l, valid_l, cur_l, xbuf_ptr + b * sxb_b, Bbuf_ptr + b * sBb_b + g * sBb_g, B_ptr + b * sB_b + g * sB_g,
             C_ptr + b * sC_b + g * sC_g, x_ptr + b * sx_b, state_ptr + b * ss_b, dtbuf_ptr + b * sdb_b,
             dt_ptr + b * sdt_b, z_ptr + b * sz_b, out_ptr + b * so_b, x_rel, mx)
+
+
+@triton.jit
+def _head_output_and_append(y, h, c, pb, xc, xcb, d, offs_p, mask_p, D_ptr, sD, z_row, sz_h, sz_p, o_row, so_h, so_p,
+                            out_ptr, xb_row, sxb_h, sxb_l, sxb_p, db_row, sdb_h, sdb_l, dtbuf_ptr,
+                            HAS_D: tl.constexpr, HAS_Z: tl.constexpr):
+    """Finish head ``h``: ``y += D x``, ``y *= silu(z)``, store ``y``; append the current ``x``
+    (already in the buffer dtype, ``xcb``) at slot ``c``, and ``dt`` from lane block 0."""
+    if HAS_D:
+        y += tl.load(D_ptr + h * sD).to(tl.float32) * xc.to(tl.float32)
+    if HAS_Z:
+        zv = tl.load(z_row + h * sz_h + offs_p * sz_p, mask=mask_p, other=0.0).to(tl.float32)
+        y = y * (zv * tl.sigmoid(zv))
+    tl.store(o_row + h * so_h + offs_p * so_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
+    tl.store(xb_row + h * sxb_h + c * sxb_l + offs_p * sxb_p, xcb, mask=mask_p)
+    if pb == 0:
+        tl.store(db_row + h * sdb_h + c * sdb_l, d.to(dtbuf_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _append_B(B_row, sB_n, Bb_row, sBb_l, sBb_n, Bbuf_ptr, c, N, BLOCK_N: tl.constexpr):
+    """Append the current ``B`` of one (row, group) at slot ``c`` (nobody reads slot c this step)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    for n0 in range(0, N, BLOCK_N):
+        nn = n0 + offs_n
+        mn = nn < N
+        bcur = tl.load(B_row + nn * sB_n, mask=mn, other=0.0)
+        tl.store(Bb_row + c * sBb_l + nn * sBb_n, bcur.to(Bbuf_ptr.dtype.element_ty), mask=mn)
 
 
 @triton.jit
@@ -192,16 +223,9 @@ def _flush_heads(
                  s_new.to(state_ptr.dtype.element_ty), mask=mask_p[:, None] & mn[None, :])
         acc_y += tl.sum(s_new * cv_t.to(tl.float32)[None, :], 1)
         if k == NT - 1:  # the head's last tile: output and appends
-            y = acc_y
-            if HAS_D:
-                y += tl.load(D_ptr + h * sD).to(tl.float32) * xc_t.to(tl.float32)
-            if HAS_Z:
-                zv = tl.load(z_row + h * sz_h + offs_p * sz_p, mask=mask_p, other=0.0).to(tl.float32)
-                y = y * (zv * tl.sigmoid(zv))
-            tl.store(o_row + h * so_h + offs_p * so_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
-            tl.store(xb_row + h * sxb_h + c * sxb_l + offs_p * sxb_p, xcb, mask=mask_p)
-            if pb == 0:
-                tl.store(db_row + h * sdb_h + c * sdb_l, d.to(dtbuf_ptr.dtype.element_ty))
+            _head_output_and_append(acc_y, h, c, pb, xc_t, xcb, d, offs_p, mask_p, D_ptr, sD, z_row, sz_h, sz_p,
+                                    o_row, so_h, so_p, out_ptr, xb_row, sxb_h, sxb_l, sxb_p, db_row, sdb_h, sdb_l,
+                                    dtbuf_ptr, HAS_D, HAS_Z)
         acc_y = tl.where((tl.zeros([BLOCK_P], dtype=tl.int32) + k) == NT - 1, 0.0, acc_y)
         s_t = s_n
         bw_t = bw_n
@@ -379,15 +403,9 @@ def _mamba2_replay_kernel(
                     xcb = xc_t.to(xbuf_ptr.dtype.element_ty)
                     xw = tl.where(cur_l[:, None], xcb[None, :], xw_t).to(tl.float32)
                     y = abar * acc + tl.sum((w * bc)[:, None] * xw, 0)
-                    if HAS_D:
-                        y += tl.load(D_ptr + h * sD).to(tl.float32) * xc_t.to(tl.float32)
-                    if HAS_Z:
-                        zv = tl.load(z_row + h * sz_h + offs_p * sz_p, mask=mask_p, other=0.0).to(tl.float32)
-                        y = y * (zv * tl.sigmoid(zv))
-                    tl.store(o_row + h * so_h + offs_p * so_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
-                    tl.store(xb_row + h * sxb_h + c * sxb_l + offs_p * sxb_p, xcb, mask=mask_p)
-                    if pb == 0:
-                        tl.store(db_row + h * sdb_h + c * sdb_l, d.to(dtbuf_ptr.dtype.element_ty))
+                    _head_output_and_append(y, h, c, pb, xc_t, xcb, d, offs_p, mask_p, D_ptr, sD, z_row, sz_h,
+                                            sz_p, o_row, so_h, so_p, out_ptr, xb_row, sxb_h, sxb_l, sxb_p, db_row,
+                                            sdb_h, sdb_l, dtbuf_ptr, HAS_D, HAS_Z)
                     s_t = s_n
                     xw_t = xw_n
                     dtw_t = dtw_n
@@ -413,24 +431,12 @@ def _mamba2_replay_kernel(
                     xcb = xc.to(xbuf_ptr.dtype.element_ty)
                     xw = tl.where(cur_l[:, None], xcb[None, :], xw).to(tl.float32)
                     y = abar * acc + tl.sum((w * bc)[:, None] * xw, 0)
-                    if HAS_D:
-                        y += tl.load(D_ptr + h * sD).to(tl.float32) * xc.to(tl.float32)
-                    if HAS_Z:
-                        zv = tl.load(z_row + h * sz_h + offs_p * sz_p, mask=mask_p, other=0.0).to(tl.float32)
-                        y = y * (zv * tl.sigmoid(zv))
-                    tl.store(o_row + h * so_h + offs_p * so_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
-                    tl.store(xb_row + h * sxb_h + c * sxb_l + offs_p * sxb_p, xcb, mask=mask_p)
-                    if pb == 0:
-                        tl.store(db_row + h * sdb_h + c * sdb_l, d.to(dtbuf_ptr.dtype.element_ty))
+                    _head_output_and_append(y, h, c, pb, xc, xcb, d, offs_p, mask_p, D_ptr, sD, z_row, sz_h,
+                                            sz_p, o_row, so_h, so_p, out_ptr, xb_row, sxb_h, sxb_l, sxb_p, db_row,
+                                            sdb_h, sdb_l, dtbuf_ptr, HAS_D, HAS_Z)
 
-        # Append the current B (one program per row and group; nobody reads slot c).
-        if (hc == 0) & (pb == 0):
-            offs_n2 = tl.arange(0, BLOCK_N)
-            for n0 in range(0, N, BLOCK_N):
-                nn = n0 + offs_n2
-                mn = nn < N
-                bcur = tl.load(B_row + nn * sB_n, mask=mn, other=0.0)
-                tl.store(Bb_row + c * sBb_l + nn * sBb_n, bcur.to(Bbuf_ptr.dtype.element_ty), mask=mn)
+        if (hc == 0) & (pb == 0):  # one program per (row, group) appends B
+            _append_B(B_row, sB_n, Bb_row, sBb_l, sBb_n, Bbuf_ptr, c, N, BLOCK_N)
 
     if ADVANCE:
         if arrived == G * n_hc * n_pb - 1:
@@ -464,12 +470,9 @@ def _mamba2_flush_kernel(
     cursor is ``L - 1``, found on the device from the cursors (a prefix count). A step
     without flush rows costs one small load per program; flush work spreads over every
     program whether one row or all rows flush. The cursor is not advanced here."""
-    offs_b = tl.arange(0, BB)
-    cv = tl.load(cursor_ptr + (row0 + offs_b) * s_cur, mask=offs_b < n_rows, other=-1)
-    fl = (cv == L - 1).to(tl.int32)
-    csum = tl.cumsum(fl, axis=0)
+    csum, n_flush = flush_row_prefix(cursor_ptr, s_cur, row0, n_rows, L, BB)
     per_row = G * n_hc * n_pb
-    total = tl.sum(fl, axis=0) * per_row
+    total = n_flush * per_row
     c = L - 1
     for w in range(tl.program_id(0), total, tl.num_programs(0)):
         rank = w // per_row
@@ -478,7 +481,7 @@ def _mamba2_flush_kernel(
         t = rem // n_pb
         hc = t % n_hc
         g = t // n_hc
-        b = (row0 + tl.sum((csum <= rank).to(tl.int32), axis=0)).to(tl.int64)
+        b = nth_flush_row(csum, rank, row0)
         h0 = g * HPG + hc * HC
         nh = tl.minimum(HC, HPG - hc * HC)
         _flush_heads(
@@ -490,14 +493,9 @@ def _mamba2_flush_kernel(
             sz_b, sz_h, sz_p, so_b, so_h, so_p,
             HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DOT_LOWP, DOT_PREC, BLOCK_P, BLOCK_NF, BLOCK_L,
         )
-        if (hc == 0) & (pb == 0):  # append the current B once per (row, group)
-            offs_n2 = tl.arange(0, BLOCK_N)
-            for n0 in range(0, N, BLOCK_N):
-                nn = n0 + offs_n2
-                mn = nn < N
-                bcur = tl.load(B_ptr + b * sB_b + g * sB_g + nn * sB_n, mask=mn, other=0.0)
-                tl.store(Bbuf_ptr + b * sBb_b + g * sBb_g + c * sBb_l + nn * sBb_n,
-                         bcur.to(Bbuf_ptr.dtype.element_ty), mask=mn)
+        if (hc == 0) & (pb == 0):  # one item per (row, group) appends B
+            _append_B(B_ptr + b * sB_b + g * sB_g, sB_n, Bbuf_ptr + b * sBb_b + g * sBb_g, sBb_l, sBb_n, Bbuf_ptr, c,
+                      N, BLOCK_N)
 
 
 @triton.jit
@@ -509,9 +507,6 @@ def _advance_cursor_kernel(cursor_ptr, n, s_cur, L, BLOCK: tl.constexpr):
 
 
 # ----------------------------------------------------------------------------- host side
-
-#: rows per persistent flush launch (its programs hold one cursor per row in registers)
-_FLUSH_ROWS = 4096
 
 _COUNTERS: dict = {}
 _COUNTER_KEEP: list = []  # never freed: a captured CUDA graph may still point at an old one
@@ -530,13 +525,6 @@ def _arrival_counter(device: torch.device, n: int) -> torch.Tensor:
         _COUNTERS[key] = buf
         _COUNTER_KEEP.append(buf)
     return buf
-
-
-@functools.lru_cache(maxsize=16)
-def _num_sms(device_type: str, index) -> int:
-    if device_type == "cuda":
-        return torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()).multi_processor_count
-    return 132
 
 
 def _pow2(v: int) -> int:
@@ -630,7 +618,7 @@ def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor
     if Bt == 0:
         return
     interp = _interpreting()
-    n_sm = _num_sms(x.device.type, x.device.index)
+    n_sm = num_sms(x.device.type, x.device.index)
     cfg = dict(config) if config is not None else replay_config(
         Bt, H, P, N, G, L, state.element_size(), x_buf.element_size(), n_sm, interp)
     route = route or cfg.get("route", "fused")
@@ -642,24 +630,23 @@ def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor
     prec = cfg.get("dot_precision") or ("ieee" if interp else "tf32x3")
     HPG = H // G
     cnt = _arrival_counter(x.device, Bt) if advance == "atomic" else cursor
-    dummy = x
     adv = advance == "atomic"
+    # arguments shared by both kernels (optional tensors replaced by x, with zero strides)
+    tensors = (x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias if dt_bias is not None else x,
+               D if D is not None else x, z if z is not None else x, out)
+    strides = (*x.stride(), *dt.stride(), *B.stride(), *C.stride(), *state.stride(), *x_buf.stride(),
+               *dt_buf.stride(), *B_buf.stride(), cursor.stride(0), A.stride(0),
+               dt_bias.stride(0) if dt_bias is not None else 0, D.stride(0) if D is not None else 0,
+               *(z.stride() if z is not None else (0, 0, 0)), *out.stride())
+    flags = dict(HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None, HAS_Z=z is not None,
+                 DT_SOFTPLUS=bool(dt_softplus), DOT_LOWP=lowp, DOT_PREC=prec)
 
     def launch(c, route_id, zero, advance_here):
         grid = (Bt * G * c["n_hc"] * c["n_pb"],)
         _mamba2_replay_kernel[grid](
-            x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A,
-            dt_bias if dt_bias is not None else dummy, D if D is not None else dummy,
-            z if z is not None else dummy, out, cnt,
-            P, N, L, G, HPG, c["HC"], c["n_hc"], c["n_pb"],
-            *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *state.stride(),
-            *x_buf.stride(), *dt_buf.stride(), *B_buf.stride(),
-            cursor.stride(0), A.stride(0),
-            dt_bias.stride(0) if dt_bias is not None else 0, D.stride(0) if D is not None else 0,
-            *(z.stride() if z is not None else (0, 0, 0)), *out.stride(),
-            HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None, HAS_Z=z is not None,
-            DT_SOFTPLUS=bool(dt_softplus), ZERO_IDLE=bool(zero), ROUTE=route_id, ADVANCE=advance_here,
-            DOT_LOWP=lowp, DOT_PREC=prec, EARLY_LOAD=bool(c.get("early_load", False)) and c["BLOCK_N"] >= N,
+            *tensors, cnt, P, N, L, G, HPG, c["HC"], c["n_hc"], c["n_pb"], *strides, **flags,
+            ZERO_IDLE=bool(zero), ROUTE=route_id, ADVANCE=advance_here,
+            EARLY_LOAD=bool(c.get("early_load", False)) and c["BLOCK_N"] >= N,
             BLOCK_P=c["BLOCK_P"], BLOCK_N=c["BLOCK_N"], BLOCK_NF=c["BLOCK_NF"], BLOCK_L=c["BLOCK_L"],
             num_warps=c["num_warps"], num_stages=c["num_stages"],
         )
@@ -670,24 +657,12 @@ def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor
         fcfg = dict(cfg)
         fcfg.update(cfg.get("flush", {}))
         n_prog = int(fcfg.get("programs") or fcfg.get("programs_per_sm", 4) * n_sm)
-        for row0 in range(0, Bt, _FLUSH_ROWS):
-            n_rows = min(_FLUSH_ROWS, Bt - row0)
+        for row0, n_rows, BB in flush_row_chunks(Bt):
             items = n_rows * G * fcfg["n_hc"] * fcfg["n_pb"]
             _mamba2_flush_kernel[(max(1, min(n_prog, items)),)](
-                x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A,
-                dt_bias if dt_bias is not None else dummy, D if D is not None else dummy,
-                z if z is not None else dummy, out,
-                P, N, L, G, HPG, fcfg["HC"], fcfg["n_hc"], fcfg["n_pb"], row0, n_rows,
-                *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *state.stride(),
-                *x_buf.stride(), *dt_buf.stride(), *B_buf.stride(),
-                cursor.stride(0), A.stride(0),
-                dt_bias.stride(0) if dt_bias is not None else 0, D.stride(0) if D is not None else 0,
-                *(z.stride() if z is not None else (0, 0, 0)), *out.stride(),
-                HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None, HAS_Z=z is not None,
-                DT_SOFTPLUS=bool(dt_softplus), DOT_LOWP=lowp, DOT_PREC=prec,
+                *tensors, P, N, L, G, HPG, fcfg["HC"], fcfg["n_hc"], fcfg["n_pb"], row0, n_rows, *strides, **flags,
                 BLOCK_P=fcfg["BLOCK_P"], BLOCK_N=cfg["BLOCK_N"], BLOCK_NF=fcfg["BLOCK_NF"],
-                BLOCK_L=cfg["BLOCK_L"], BB=max(16, triton.next_power_of_2(n_rows)),
-                num_warps=fcfg["num_warps"], num_stages=fcfg["num_stages"],
+                BLOCK_L=cfg["BLOCK_L"], BB=BB, num_warps=fcfg["num_warps"], num_stages=fcfg["num_stages"],
             )
         launch(cfg, 1, zero_idle, adv)
     else:

@@ -16,7 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_decode import _num_sms, _pow2, _softplus
+from ..backend import num_sms
+from .triton_decode import _pow2, _softplus
 
 __all__ = ["mamba2_step_decode_triton", "launch_mamba2_step_decode", "make_step_config", "step_config"]
 
@@ -111,7 +112,7 @@ def launch_mamba2_step_decode(x, dt, B, C, state, A, dt_bias, D, z, dt_softplus,
     if Bt == 0:
         return
     cfg = dict(config) if config is not None else step_config(
-        Bt, H, P, N, state.element_size(), _num_sms(x.device.type, x.device.index))
+        Bt, H, P, N, state.element_size(), num_sms(x.device.type, x.device.index))
     dummy = x
     grid = (Bt * H * cfg["n_pb"],)
     _mamba2_step_kernel[grid](

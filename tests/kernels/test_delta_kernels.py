@@ -85,9 +85,9 @@ CASES = [
 
 def test_flush_rows_split_over_several_launches(monkeypatch):
     """More rows than one persistent flush launch holds: the rows go in several launches."""
-    import replayssm.kernels.delta.triton_decode as td
+    import replayssm.kernels.persistent as persistent
 
-    monkeypatch.setattr(td, "_FLUSH_ROWS", 2)
+    monkeypatch.setattr(persistent, "FLUSH_ROWS", 2)
     test_replay_kernel_matches_reference(("gdn-L3-chunked", 1, 2, 16, 16, 3, False, dict(flush_programs=1)))
 
 

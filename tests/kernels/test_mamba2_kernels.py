@@ -76,16 +76,16 @@ def test_replay_split_and_kernel_advance_variants():
         check_replay_trajectory(variant(route, advance, cfg), prob, steps=4)
     # persistent flush launch: one or two programs walking every flush item, and the rows
     # split over several flush launches (two rows each)
-    import replayssm.kernels.mamba2.triton_decode as td
+    import replayssm.kernels.persistent as persistent
 
-    for n_prog, rows in ((1, td._FLUSH_ROWS), (2, 2)):
+    for n_prog, rows in ((1, persistent.FLUSH_ROWS), (2, 2)):
         few = make_replay_config(4, 16, 16, 2, 3, BLOCK_P=16, HC=1, route="split", flush=dict(programs=n_prog))
         prob = Problem(5, 4, 16, 16, 2, 3, torch.float32, torch.float32, DEV, [2, 2, -1, 1, 2], seed=13)
-        saved, td._FLUSH_ROWS = td._FLUSH_ROWS, rows
+        saved, persistent.FLUSH_ROWS = persistent.FLUSH_ROWS, rows
         try:
             check_replay_trajectory(variant("split", "atomic", few), prob, steps=4)
         finally:
-            td._FLUSH_ROWS = saved
+            persistent.FLUSH_ROWS = saved
     # state dim in several tiles on both routes (N=40 in tiles of 16), two heads per program
     tiles = make_replay_config(4, 16, 40, 2, 3, BLOCK_P=16, HC=2, BLOCK_N=16, BLOCK_NF=16)
     prob = Problem(3, 4, 16, 40, 2, 3, torch.float32, torch.float32, DEV, [2, 0, 1], seed=12)

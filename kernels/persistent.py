@@ -1,0 +1,38 @@
+"""Shared pieces of the persistent flush launches (Mamba-2 ``route="split"``, delta rule).
+
+A persistent flush launch runs a few programs per multiprocessor that share the work items
+of the rows flushing this step (``cursor == L - 1``). The rows are found on the device:
+every program loads the cursors of a chunk of rows, takes an inclusive prefix count of
+the flushing ones, and maps item rank ``r`` to the row whose count first exceeds ``r``.
+No host decision depends on the cursors, so the launch can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+#: rows per launch (each program holds one cursor per row of its chunk in registers)
+FLUSH_ROWS = 4096
+
+
+@triton.jit
+def flush_row_prefix(cur_ptr, s_cur, row0, n_rows, L, BB: tl.constexpr):
+    """(inclusive prefix count (BB,) int32 of the chunk's rows with cursor L - 1, their number)."""
+    offs = tl.arange(0, BB)
+    cv = tl.load(cur_ptr + (row0 + offs) * s_cur, mask=offs < n_rows, other=-1)
+    fl = (cv == L - 1).to(tl.int32)
+    return tl.cumsum(fl, axis=0), tl.sum(fl, axis=0)
+
+
+@triton.jit
+def nth_flush_row(csum, rank, row0):
+    """Index (int64) of the chunk's flushing row number ``rank`` (0-based)."""
+    return (row0 + tl.sum((csum <= rank).to(tl.int32), axis=0)).to(tl.int64)
+
+
+def flush_row_chunks(n_rows_total: int):
+    """(row0, n_rows, BB) for each launch over ``n_rows_total`` rows (BB: a power of two >= n_rows)."""
+    for row0 in range(0, n_rows_total, FLUSH_ROWS):
+        n = min(FLUSH_ROWS, n_rows_total - row0)
+        yield row0, n, max(16, triton.next_power_of_2(n))
