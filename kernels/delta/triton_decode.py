@@ -154,7 +154,7 @@ def _delta_output_kernel(
     sc_b,
     HV, GROUP, K, V, L, NV,
     KDA: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr,
-    WRITE_IDLE: tl.constexpr, FUSED_OUT: tl.constexpr,
+    WRITE_IDLE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     i_v = pid % NV
@@ -177,12 +177,8 @@ def _delta_output_kernel(
     c = tl.load(cur_ptr + b * sc_b)
     if NK == 1:
         offs_k0 = tl.arange(0, BK)
-        ms = mv
-        if FUSED_OUT:  # flush rows' outputs come from the flush launch: skip their checkpoint
-            cv = tl.zeros([BV], dtype=tl.int32) + c
-            ms = mv & (cv >= 0) & (cv != L - 1)
         s_first = tl.load(s_base + offs_k0[:, None] * ss_k + offs_v[None, :] * ss_v,
-                          mask=(offs_k0 < K)[:, None] & ms[None, :], other=0.0)
+                          mask=(offs_k0 < K)[:, None] & mv[None, :], other=0.0)
     ub = tl.load(ub_base + offs_l[:, None] * sub_l + offs_v[None, :] * sub_v,
                  mask=(offs_l < L)[:, None] & mv[None, :], other=0.0)  # (LP, BV)
     ck = tl.load(cw_base + offs_l)
@@ -194,9 +190,6 @@ def _delta_output_kernel(
         if WRITE_IDLE:
             tl.store(o_base, tl.zeros([BV], dtype=o_ptr.dtype.element_ty), mask=mv)
         return
-    if FUSED_OUT:
-        if c == L - 1:
-            return
     ml = offs_l < c
     ub = tl.where(ml[:, None], ub.to(tl.float32), 0.0)
     r = tl.zeros([BV], dtype=tl.float32)
@@ -240,30 +233,22 @@ def _delta_output_kernel(
 
 @triton.jit
 def _delta_flush_kernel(
-    k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, ub_ptr, kb_ptr, gb_ptr, cur_ptr, x_ptr, cw_ptr, uf_ptr, o_ptr,
+    k_ptr, g_ptr, s_ptr, ub_ptr, kb_ptr, gb_ptr, cur_ptr, uf_ptr,
     sk_b, sk_h, sk_k,
-    sv_b, sv_h, sv_v,
     sg_b, sg_h, sg_k,
-    sbt_b, sbt_h,
     ss_b, ss_h, ss_k, ss_v,
     sub_b, sub_h, sub_l, sub_v,
     skb_b, skb_h, skb_l, skb_k,
     sgb_b, sgb_h, sgb_l, sgb_k,
-    so_b, so_h, so_v,
     sc_b,
     row0, n_rows, HV, GROUP, K, V, L, NV,
     KDA: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr,
-    BB: tl.constexpr, DOT_PREC: tl.constexpr, FUSED_OUT: tl.constexpr, FMA: tl.constexpr,
+    BB: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     """Persistent: the programs share the work items (flush row, value head, column block)
     of the rows ``row0 .. row0 + n_rows - 1`` whose cursor is ``L - 1``, found on the device
     from the cursors (a prefix count), so a step without flush rows costs one small load
-    per program and flush work spreads over every program whether 1 row or all flush.
-
-    ``FUSED_OUT`` (needs ``NK == 1``): the item also computes ``u_c`` and the output from
-    the checkpoint tile it loads anyway (the output launch skips flush rows), else ``u_c``
-    comes from the output launch's fp32 scratch. ``FMA``: the buffered terms enter as
-    ``L - 1`` rank-1 fp32 updates (decays as running suffix sums) instead of a ``tl.dot``."""
+    per program and flush work spreads over every program whether 1 row or all flush."""
     csum, n_flush = flush_row_prefix(cur_ptr, sc_b, row0, n_rows, L, BB)
     per_row = HV * NV
     total = n_flush * per_row
@@ -280,84 +265,37 @@ def _delta_flush_kernel(
         offs_v = i_v * BV + tl.arange(0, BV)
         mv = offs_v < V
         s_base = s_ptr + b * ss_b + h * ss_h
-        ub_row = ub_ptr + b * sub_b + h * sub_h
         kb_base = kb_ptr + b * skb_b + hk * skb_h
         gb_base = gb_ptr + b * sgb_b + h * sgb_h
         g_base = g_ptr + b * sg_b + h * sg_h
 
-        ub = tl.load(ub_row + offs_l[:, None] * sub_l + offs_v[None, :] * sub_v,
+        ub = tl.load(ub_ptr + b * sub_b + h * sub_h + offs_l[:, None] * sub_l + offs_v[None, :] * sub_v,
                      mask=ml[:, None] & mv[None, :], other=0.0).to(tl.float32)  # (LP, BV)
-        if FUSED_OUT:
-            offs_k0 = tl.arange(0, BK)
-            mk0 = offs_k0 < K
-            s_first = tl.load(s_base + offs_k0[:, None] * ss_k + offs_v[None, :] * ss_v,
-                              mask=mk0[:, None] & mv[None, :], other=0.0).to(tl.float32)
-            x_base = x_ptr + i_bh * 2 * K
-            cw_base = cw_ptr + i_bh * 3 * LP
-            xk = tl.load(x_base + offs_k0, mask=mk0, other=0.0)
-            xq = tl.load(x_base + K + offs_k0, mask=mk0, other=0.0)
-            vv = tl.load(v_ptr + b * sv_b + h * sv_h + offs_v * sv_v, mask=mv, other=0.0).to(tl.float32)
-            beta = tl.load(beta_ptr + b * sbt_b + h * sbt_h).to(tl.float32)
-            r = tl.sum(s_first * xk[:, None], axis=0) + tl.sum(tl.load(cw_base + offs_l)[:, None] * ub, axis=0)
-            hq = tl.sum(s_first * xq[:, None], axis=0) + tl.sum(tl.load(cw_base + LP + offs_l)[:, None] * ub, axis=0)
-            uc = beta * (vv - r)
-            o = hq + tl.load(cw_base + 2 * LP) * uc
-            tl.store(o_ptr + b * so_b + h * so_h + offs_v * so_v, o.to(o_ptr.dtype.element_ty), mask=mv)
-        else:
-            uc = tl.load(uf_ptr + i_bh * V + offs_v, mask=mv, other=0.0)
+        uc = tl.load(uf_ptr + i_bh * V + offs_v, mask=mv, other=0.0)
         if not KDA:
-            if not FMA:
-                gh = tl.load(gb_base + offs_l * sgb_l, mask=ml, other=0.0).to(tl.float32)
-                gcum = tl.cumsum(gh, axis=0)
-                gtot = tl.sum(gh, axis=0) + tl.load(g_base).to(tl.float32)
-                ub = ub * tl.where(ml, tl.exp(gtot - gcum), 0.0)[:, None]
-                dsc = tl.exp(gtot)
+            gh = tl.load(gb_base + offs_l * sgb_l, mask=ml, other=0.0).to(tl.float32)
+            gcum = tl.cumsum(gh, axis=0)
+            gtot = tl.sum(gh, axis=0) + tl.load(g_base).to(tl.float32)
+            ub = ub * tl.where(ml, tl.exp(gtot - gcum), 0.0)[:, None]
+            dsc = tl.exp(gtot)
         for i_k in range(NK):
             offs_k = i_k * BK + tl.arange(0, BK)
             mk = offs_k < K
             m2 = mk[:, None] & mv[None, :]
-            if FUSED_OUT:
-                s0 = s_first
-            else:
-                s0 = tl.load(s_base + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v, mask=m2,
-                             other=0.0).to(tl.float32)
+            s0 = tl.load(s_base + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v, mask=m2, other=0.0).to(tl.float32)
             kc = tl.load(k_ptr + b * sk_b + hk * sk_h + offs_k * sk_k, mask=mk, other=0.0).to(tl.float32)
-            if FMA:
-                # newest entry first: its decay is exp(g_c), and each older one adds its
-                # successor's log decay (suffix sums; KDA per key channel)
-                if KDA:
-                    sfx = tl.load(g_base + offs_k * sg_k, mask=mk, other=0.0).to(tl.float32)
-                else:
-                    sfx = tl.load(g_base).to(tl.float32)
-                acc = tl.zeros([BK, BV], dtype=tl.float32)
-                for jj in tl.static_range(LP):
-                    j = LP - 1 - jj
-                    okk = (tl.zeros([BK], dtype=tl.int32) + j) < L - 1
-                    okv = (tl.zeros([BV], dtype=tl.int32) + j) < L - 1
-                    kj = tl.load(kb_base + offs_k * skb_k + j * skb_l, mask=mk & okk, other=0.0).to(tl.float32)
-                    uj = tl.load(ub_row + j * sub_l + offs_v * sub_v, mask=mv & okv, other=0.0).to(tl.float32)
-                    acc += (kj * tl.exp(sfx))[:, None] * uj[None, :]
-                    if KDA:
-                        sfx += tl.load(gb_base + offs_k * sgb_k + j * sgb_l, mask=mk & okk, other=0.0).to(tl.float32)
-                    else:
-                        sfx += tl.load(gb_base + j * sgb_l, mask=j < L - 1, other=0.0).to(tl.float32)
-                if KDA:
-                    acc += s0 * tl.exp(sfx)[:, None]
-                else:
-                    acc += s0 * tl.exp(sfx)
+            kw = tl.load(kb_base + offs_k[:, None] * skb_k + offs_l[None, :] * skb_l,
+                         mask=mk[:, None] & ml[None, :], other=0.0).to(tl.float32)  # (BK, LP)
+            if KDA:
+                gv = tl.load(g_base + offs_k * sg_k, mask=mk, other=0.0).to(tl.float32)
+                gm = tl.load(gb_base + offs_k[:, None] * sgb_k + offs_l[None, :] * sgb_l,
+                             mask=mk[:, None] & ml[None, :], other=0.0).to(tl.float32)
+                gt = tl.sum(gm, axis=1) + gv
+                kw = kw * tl.exp(gt[:, None] - tl.cumsum(gm, axis=1))
+                acc = s0 * tl.exp(gt)[:, None]
             else:
-                kw = tl.load(kb_base + offs_k[:, None] * skb_k + offs_l[None, :] * skb_l,
-                             mask=mk[:, None] & ml[None, :], other=0.0).to(tl.float32)  # (BK, LP)
-                if KDA:
-                    gv = tl.load(g_base + offs_k * sg_k, mask=mk, other=0.0).to(tl.float32)
-                    gm = tl.load(gb_base + offs_k[:, None] * sgb_k + offs_l[None, :] * sgb_l,
-                                 mask=mk[:, None] & ml[None, :], other=0.0).to(tl.float32)
-                    gt = tl.sum(gm, axis=1) + gv
-                    kw = kw * tl.exp(gt[:, None] - tl.cumsum(gm, axis=1))
-                    acc = s0 * tl.exp(gt)[:, None]
-                else:
-                    acc = s0 * dsc
-                acc += tl.dot(kw, ub, input_precision=DOT_PREC)
+                acc = s0 * dsc
+            acc += tl.dot(kw, ub, input_precision=DOT_PREC)
             acc += kc[:, None] * uc[None, :]
             tl.store(s_base + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v, acc.to(s_ptr.dtype.element_ty),
                      mask=m2)
@@ -386,12 +324,12 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
     bk = min(triton.next_power_of_2(K), 256)
     if bk >= 256:
         return dict(block_v=32, num_warps=8, block_k=bk, flush_block_v=16, flush_warps=8, flush_programs=4,
-                    flush_stages=2, coef_block_k=64, coef_warps=1, flush_output=False, flush_fma=False)
+                    flush_stages=2, coef_block_k=64, coef_warps=1)
     # H200, batch 256, L=16 (examples/benchmarks/results/): 32 columns per output program
     # (64: +12%), flush items of 64 columns with a 2-stage pipelined item loop (KDA fp32:
     # 721 vs 881 µs flush step), one-warp coefficient programs over the whole key dim.
     return dict(block_v=32, num_warps=4, block_k=bk, flush_block_v=64, flush_warps=4, flush_programs=4,
-                flush_stages=2, coef_block_k=128, coef_warps=1, flush_output=False, flush_fma=False)
+                flush_stages=2, coef_block_k=128, coef_warps=1)
 
 
 def delta_replay_decode_triton(
@@ -417,8 +355,6 @@ def delta_replay_decode_triton(
     flush_stages: int | None = None,
     coef_block_k: int | None = None,
     coef_warps: int | None = None,
-    flush_output: bool | None = None,
-    flush_fma: bool | None = None,
     one_launch: bool = False,
 ) -> torch.Tensor:
     """Triton version of ``delta_replay_decode_reference`` (same arguments and result).
@@ -430,11 +366,7 @@ def delta_replay_decode_triton(
     (same for the flush launch), ``flush_programs`` (programs of the persistent flush
     launch; default a few per multiprocessor), ``flush_stages`` (software-pipelining
     stages of its loop over work items), ``coef_block_k`` / ``coef_warps`` (key-dim tile
-    and warps of the coefficient launch), ``flush_output`` (flush rows' outputs computed by
-    the flush launch from the checkpoint tile it reads anyway, so the output launch skips
-    their checkpoint; only when the key dim fits one tile), ``flush_fma`` (the flush's
-    buffered terms as fp32 rank-1 updates instead of a ``tl.dot``). Defaults:
-    ``default_config``. ``one_launch=True``
+    and warps of the coefficient launch). Defaults: ``default_config``. ``one_launch=True``
     runs the small-batch kernel of ``triton_small_batch.py`` instead (K <= 256; opt-in).
     """
     Bt, HV, Hk, L, K, V = _check_shapes(q, k, v, g, beta, state, u_buf, k_buf, g_buf)
@@ -462,8 +394,6 @@ def delta_replay_decode_triton(
     NK = triton.cdiv(K, BK)
     LP = max(16, triton.next_power_of_2(L))
     NV, NVF = triton.cdiv(V, BV), triton.cdiv(V, BVF)
-    fused = bool(cfg["flush_output"] if flush_output is None else flush_output) and NK == 1
-    fma = bool(cfg["flush_fma"] if flush_fma is None else flush_fma)
     dev = v.device
     # one fp32 scratch allocation per call, viewed as: xs (Bt, HV, 2, K) [exp(G_c) k_c, exp(G_c) q],
     # cw (Bt, HV, 3, LP) [ck, cq, k_c . q], uf (Bt, HV, V) u_c of flush rows
@@ -486,17 +416,17 @@ def delta_replay_decode_triton(
         k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, xs, cw, uf, out,
         *sk, *sv, *sg, *beta.stride(), *ss, *sub, *skb, *sgb, *out.stride(), cursor.stride(0),
         HV, GROUP, K, V, L, NV,
-        KDA=kda, BK=BK, NK=NK, BV=BV, LP=LP, WRITE_IDLE=bool(write_idle), FUSED_OUT=fused,
+        KDA=kda, BK=BK, NK=NK, BV=BV, LP=LP, WRITE_IDLE=bool(write_idle),
         num_warps=num_warps or cfg["num_warps"],
     )
     n_prog = flush_programs or cfg["flush_programs"] * num_sms(dev.type, dev.index)
     for row0, n_rows, BB in flush_row_chunks(Bt):
         _delta_flush_kernel[(max(1, min(n_prog, n_rows * HV * NVF)),)](
-            k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, xs, cw, uf, out,
-            *sk, *sv, *sg, *beta.stride(), *ss, *sub, *skb, *sgb, *out.stride(), cursor.stride(0),
+            k, g, state, u_buf, k_buf, g_buf, cursor, uf,
+            *sk, *sg, *ss, *sub, *skb, *sgb, cursor.stride(0),
             row0, n_rows, HV, GROUP, K, V, L, NVF,
             KDA=kda, BK=BK, NK=NK, BV=BVF, LP=LP, BB=BB,
-            DOT_PREC="ieee" if triton_interpreter_on() else "tf32x3", FUSED_OUT=fused, FMA=fma,
+            DOT_PREC="ieee" if triton_interpreter_on() else "tf32x3",
             num_warps=flush_warps or cfg["flush_warps"], num_stages=flush_stages or cfg["flush_stages"],
         )
     advance_cursor_triton(cursor, L)

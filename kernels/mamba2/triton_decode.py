@@ -147,14 +147,13 @@ def _flush_heads(
     so_b, so_h, so_p,
     HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     DOT_LOWP: tl.constexpr, DOT_PREC: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_NF: tl.constexpr, BLOCK_L: tl.constexpr, FMA: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_NF: tl.constexpr, BLOCK_L: tl.constexpr,
 ):
     """State-and-output route for heads ``h0 .. h0 + nh - 1`` of row ``b`` (group ``g``),
     head-dim lanes of block ``pb``, at cursor ``c``: builds ``S = abar S0 + X^T diag(w) B``
     over the window (buffered entries and the current token) with a ``tl.dot`` in
     ``BLOCK_NF``-column tiles, stores it as the new checkpoint, writes ``y`` and appends
-    ``x`` (and ``dt`` from lane block 0) at slot ``c``. With ``FMA`` the window enters as
-    ``c + 1`` rank-1 fp32 updates instead of a ``tl.dot``."""
+    ``x`` (and ``dt`` from lane block 0) at slot ``c``."""
     offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
     mask_p = offs_p < P
     (offs_l, valid_l, cur_l, xb_row, Bb_row, B_row, C_row, x_row, st_row, db_row, dt_row, z_row, o_row, x_rel,
@@ -215,19 +214,7 @@ def _flush_heads(
         xw = tl.where(cur_l[:, None], xcb[None, :], xw_t)  # (BLOCK_L, BLOCK_P), buffer dtype
         bw = tl.where(cur_l[:, None], bc_t.to(Bbuf_ptr.dtype.element_ty)[None, :], bw_t).to(tl.float32)
         wb = w[:, None] * bw  # (BLOCK_L, BLOCK_NF)
-        if FMA:
-            upd = tl.zeros([BLOCK_P, BLOCK_NF], dtype=tl.float32)
-            bcb = bc_t.to(Bbuf_ptr.dtype.element_ty)
-            for j in tl.static_range(BLOCK_L):
-                jp = tl.zeros([BLOCK_P], dtype=tl.int32) + j
-                jn = tl.zeros([BLOCK_NF], dtype=tl.int32) + j
-                xj = tl.load(xb_row + h * sxb_h + j * sxb_l + offs_p * sxb_p, mask=mask_p & (jp < c), other=0.0)
-                bj = tl.load(Bb_row + j * sBb_l + nn * sBb_n, mask=mn & (jn < c), other=0.0)
-                xj = tl.where(jp == c, xcb, xj).to(tl.float32)
-                bj = tl.where(jn == c, bcb, bj).to(tl.float32)
-                wj = tl.sum(tl.where(offs_l == j, w, 0.0), 0)
-                upd += (wj * xj)[:, None] * bj[None, :]
-        elif DOT_LOWP:
+        if DOT_LOWP:
             upd = tl.dot(tl.trans(xw), wb.to(xbuf_ptr.dtype.element_ty), out_dtype=tl.float32)
         else:
             upd = tl.dot(tl.trans(xw.to(tl.float32)), wb, input_precision=DOT_PREC, out_dtype=tl.float32)
@@ -268,7 +255,7 @@ def _mamba2_replay_kernel(
     so_b, so_h, so_p,
     HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     ZERO_IDLE: tl.constexpr, ROUTE: tl.constexpr, ADVANCE: tl.constexpr, DOT_LOWP: tl.constexpr,
-    DOT_PREC: tl.constexpr, EARLY_LOAD: tl.constexpr, FMA: tl.constexpr,
+    DOT_PREC: tl.constexpr, EARLY_LOAD: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NF: tl.constexpr, BLOCK_L: tl.constexpr,
 ):
     # ROUTE 0: both routes (runtime branch per row); 1: output-only route only (flush rows
@@ -354,7 +341,7 @@ def _mamba2_replay_kernel(
                 sx_b, sx_h, sx_p, sdt_b, sdt_h, sB_b, sB_g, sB_n, sC_b, sC_g, sC_n, ss_b, ss_h, ss_p, ss_n,
                 sxb_b, sxb_h, sxb_l, sxb_p, sdb_b, sdb_h, sdb_l, sBb_b, sBb_g, sBb_l, sBb_n, sA, sdtb, sD,
                 sz_b, sz_h, sz_p, so_b, so_h, so_p,
-                HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DOT_LOWP, DOT_PREC, BLOCK_P, BLOCK_NF, BLOCK_L, FMA,
+                HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DOT_LOWP, DOT_PREC, BLOCK_P, BLOCK_NF, BLOCK_L,
             )
         else:
             # ---------------- output-only route ----------------
@@ -476,7 +463,7 @@ def _mamba2_flush_kernel(
     HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     DOT_LOWP: tl.constexpr, DOT_PREC: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NF: tl.constexpr, BLOCK_L: tl.constexpr,
-    BB: tl.constexpr, FMA: tl.constexpr,
+    BB: tl.constexpr,
 ):
     """Persistent flush launch of ``route="split"``: the programs share the work items
     (flush row, group, head chunk, lane block) of rows ``row0 .. row0 + n_rows - 1`` whose
@@ -504,7 +491,7 @@ def _mamba2_flush_kernel(
             sx_b, sx_h, sx_p, sdt_b, sdt_h, sB_b, sB_g, sB_n, sC_b, sC_g, sC_n, ss_b, ss_h, ss_p, ss_n,
             sxb_b, sxb_h, sxb_l, sxb_p, sdb_b, sdb_h, sdb_l, sBb_b, sBb_g, sBb_l, sBb_n, sA, sdtb, sD,
             sz_b, sz_h, sz_p, so_b, so_h, so_p,
-            HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DOT_LOWP, DOT_PREC, BLOCK_P, BLOCK_NF, BLOCK_L, FMA,
+            HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DOT_LOWP, DOT_PREC, BLOCK_P, BLOCK_NF, BLOCK_L,
         )
         if (hc == 0) & (pb == 0):  # one item per (row, group) appends B
             _append_B(B_ptr + b * sB_b + g * sB_g, sB_n, Bbuf_ptr + b * sBb_b + g * sBb_g, sBb_l, sBb_n, Bbuf_ptr, c,
@@ -546,14 +533,12 @@ def _pow2(v: int) -> int:
 
 def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC: int, BLOCK_N: int | None = None,
                        BLOCK_NF: int | None = None, num_warps: int = 4, num_stages: int = 1, route: str = "fused",
-                       advance: str = "atomic", flush: dict | None = None, early_load: bool = False,
-                       flush_fma: bool = False) -> dict:
+                       advance: str = "atomic", flush: dict | None = None, early_load: bool = False) -> dict:
     """A complete launch configuration from its free knobs.
 
     ``flush``: knobs of the persistent flush launch of ``route='split'`` (``BLOCK_P``, ``HC``,
     ``BLOCK_NF``, ``num_warps``, ``num_stages``, ``programs_per_sm`` (default 4) or an absolute
-    ``programs`` count). ``flush_fma``: the flush route's window update as fp32 rank-1
-    updates instead of a ``tl.dot``."""
+    ``programs`` count)."""
     HPG = H // G
     if BLOCK_N is None:
         BLOCK_N = max(16, min(_pow2(N), 256)) if N <= 256 else 128
@@ -562,14 +547,13 @@ def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC:
     HC = triton.cdiv(HPG, n_hc)
     cfg = dict(BLOCK_P=int(BLOCK_P), BLOCK_N=int(BLOCK_N), BLOCK_NF=int(BLOCK_NF or min(BLOCK_N, 64)),
                BLOCK_L=max(16, _pow2(L)), HC=HC, n_hc=n_hc, n_pb=triton.cdiv(P, BLOCK_P), num_warps=int(num_warps),
-               num_stages=int(num_stages), route=route, advance=advance, early_load=bool(early_load),
-               flush_fma=bool(flush_fma))
+               num_stages=int(num_stages), route=route, advance=advance, early_load=bool(early_load))
     if route == "split":
         f = dict(BLOCK_P=max(16, cfg["BLOCK_P"]), HC=HC, num_warps=num_warps, num_stages=num_stages,
                  BLOCK_NF=cfg["BLOCK_NF"])
         f.update(flush or {})
         fc = make_replay_config(H, P, N, G, L, f["BLOCK_P"], f["HC"], BLOCK_N, f["BLOCK_NF"], f["num_warps"],
-                                f["num_stages"], flush_fma=flush_fma)
+                                f["num_stages"])
         cfg["flush"] = {k: fc[k] for k in ("BLOCK_P", "BLOCK_NF", "HC", "n_hc", "n_pb", "num_warps", "num_stages")}
         cfg["flush"]["programs_per_sm"] = int((flush or {}).get("programs_per_sm", 4))
         cfg["flush"]["programs"] = (flush or {}).get("programs")  # absolute count (tests), else per SM
@@ -641,8 +625,7 @@ def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor
     advance = advance or cfg.get("advance", "atomic")
     if route == "split" and "flush" not in cfg:
         cfg = make_replay_config(H, P, N, G, L, cfg["BLOCK_P"], cfg["HC"], cfg["BLOCK_N"], cfg["BLOCK_NF"],
-                                 cfg["num_warps"], cfg["num_stages"], "split", advance,
-                                 flush_fma=cfg.get("flush_fma", False))
+                                 cfg["num_warps"], cfg["num_stages"], "split", advance)
     lowp = state.element_size() == 2 and x_buf.element_size() == 2 and x_buf.dtype == B_buf.dtype
     prec = cfg.get("dot_precision") or ("ieee" if interp else "tf32x3")
     HPG = H // G
@@ -656,7 +639,7 @@ def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor
                dt_bias.stride(0) if dt_bias is not None else 0, D.stride(0) if D is not None else 0,
                *(z.stride() if z is not None else (0, 0, 0)), *out.stride())
     flags = dict(HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None, HAS_Z=z is not None,
-                 DT_SOFTPLUS=bool(dt_softplus), DOT_LOWP=lowp, DOT_PREC=prec, FMA=bool(cfg.get("flush_fma", False)))
+                 DT_SOFTPLUS=bool(dt_softplus), DOT_LOWP=lowp, DOT_PREC=prec)
 
     def launch(c, route_id, zero, advance_here):
         grid = (Bt * G * c["n_hc"] * c["n_pb"],)

@@ -80,14 +80,6 @@ CASES = [
     ("gdn-L1-one-launch", 2, 4, 20, 24, 1, False, dict(one_launch=True)),
     ("kda-L4-one-launch-2vblocks", 2, 2, 20, 24, 4, True, dict(one_launch=True, block_v=16)),
     ("kda-L3-two-flush-programs", 2, 2, 20, 24, 3, True, dict(flush_programs=2)),
-    ("gdn-gva-L4-flush-output", 2, 4, 20, 24, 4, False, dict(flush_output=True, flush_block_v=16)),
-    ("gdn-gva-L4-flush-fma", 2, 4, 20, 24, 4, False, dict(flush_fma=True)),
-    ("gdn-L3-flush-output-fma", 1, 2, 20, 24, 3, False, dict(flush_output=True, flush_fma=True)),
-    ("gdn-L3-ktiles-fma", 1, 2, 40, 24, 3, False, dict(block_k=16, flush_fma=True, flush_output=True)),
-    ("kda-L4-flush-output", 2, 2, 20, 24, 4, True, dict(flush_output=True)),
-    ("kda-L4-flush-fma", 2, 2, 20, 24, 4, True, dict(flush_fma=True, flush_block_v=16)),
-    ("kda-L3-flush-output-fma", 2, 2, 20, 24, 3, True, dict(flush_output=True, flush_fma=True)),
-    ("kda-L1-flush-output-fma", 2, 2, 20, 24, 1, True, dict(flush_output=True, flush_fma=True)),
 ]
 
 

@@ -92,26 +92,6 @@ def test_replay_split_and_kernel_advance_variants():
     check_replay_trajectory(variant(None, None, tiles), prob, steps=4)
 
 
-@pytest.mark.parametrize("route", ["fused", "split"])
-def test_replay_flush_fma_variant(route):
-    """The flush route's window as rank-1 fp32 updates (``flush_fma``): same trajectory, in
-    state-dim tiles (N=40 in tiles of 16) and whole, with desynchronised and idle rows."""
-    from replayssm.kernels.mamba2.triton_decode import launch_mamba2_replay_decode, make_replay_config
-
-    for N, kn in ((40, dict(BLOCK_N=16, BLOCK_NF=16, HC=2)), (16, dict(HC=1))):
-        cfg = make_replay_config(4, 16, N, 2, 4, BLOCK_P=16, route=route, flush_fma=True, **kn)
-
-        def fn(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None, sp=True, out=None):
-            launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, sp, out,
-                                        False, config=cfg)
-            return out
-
-        prob = Problem(4, 4, 16, N, 2, 4, torch.float32, torch.float32, DEV, [3, 0, -1, 2], seed=21)
-        worst = check_replay_trajectory(fn, prob, steps=9)
-        assert worst["flushes"] >= 2
-        assert worst["y_exact"] < 1e-4 and worst["state_exact"] < 1e-4, worst
-
-
 def test_tolerance_catches_tf32_sized_drift():
     """A 1e-2 relative error (plain tf32 drift) must fail the fp32 tolerance used above."""
     torch.manual_seed(0)
