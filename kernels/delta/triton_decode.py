@@ -49,7 +49,13 @@ from ..backend import num_sms, triton_interpreter_on
 from ..persistent import flush_row_chunks, flush_row_prefix, nth_flush_row
 from .reference import _check_shapes
 
-__all__ = ["delta_replay_decode_triton", "advance_cursor_triton"]
+__all__ = ["delta_replay_decode_triton", "advance_cursor_triton", "SMALL_BATCH_MAX"]
+
+#: Batches up to this many rows run the one-launch kernel by default. H200, L=16, CUDA
+#: graphs (examples/benchmarks/results/delta_small_batch_h200_2026-11-30.md): at batch 1-4
+#: it takes 0.51-0.91x the time of the four launches (Qwen3.5-4B fp32, batch 1: 5.7 vs
+#: 11.1 µs); at batch 8 it is 0.77-1.24x (slower for the KDA shape).
+SMALL_BATCH_MAX = 4
 
 
 @triton.jit
@@ -355,7 +361,7 @@ def delta_replay_decode_triton(
     flush_stages: int | None = None,
     coef_block_k: int | None = None,
     coef_warps: int | None = None,
-    one_launch: bool = False,
+    one_launch: bool | None = None,
 ) -> torch.Tensor:
     """Triton version of ``delta_replay_decode_reference`` (same arguments and result).
 
@@ -366,8 +372,10 @@ def delta_replay_decode_triton(
     (same for the flush launch), ``flush_programs`` (programs of the persistent flush
     launch; default a few per multiprocessor), ``flush_stages`` (software-pipelining
     stages of its loop over work items), ``coef_block_k`` / ``coef_warps`` (key-dim tile
-    and warps of the coefficient launch). Defaults: ``default_config``. ``one_launch=True``
-    runs the small-batch kernel of ``triton_small_batch.py`` instead (K <= 256; opt-in).
+    and warps of the coefficient launch). Defaults: ``default_config``. ``one_launch``: run
+    the small-batch kernel of ``triton_small_batch.py`` instead (K <= 256; its knobs are
+    ``block_v`` and ``num_warps``); by default it runs for batches of at most
+    ``SMALL_BATCH_MAX`` rows.
     """
     Bt, HV, Hk, L, K, V = _check_shapes(q, k, v, g, beta, state, u_buf, k_buf, g_buf)
     if cursor.dtype != torch.int32 or tuple(cursor.shape) != (Bt,):
@@ -379,6 +387,8 @@ def delta_replay_decode_triton(
         out = torch.empty((Bt, HV, V), dtype=v.dtype, device=v.device)
     if Bt == 0:
         return out
+    if one_launch is None:
+        one_launch = Bt <= SMALL_BATCH_MAX and triton.next_power_of_2(K) <= 256
     if one_launch:
         from .triton_small_batch import delta_replay_decode_small_batch
 

@@ -1,10 +1,9 @@
 """One-launch Triton kernel of the delta-rule ReplaySSM decode step, for small batches.
 
-At batch 1-4 the four-launch step of ``triton_decode.py`` is bound by launch latency
-(H200, Qwen3.5-4B: 11.3 µs per step at batch 1, against 6.0 µs measured for the earlier
-one-launch kernel whose default path this is, the per-step kernel 4.4 µs). Opt-in
-(``delta_replay_decode_triton(..., one_launch=True)``) until this module has run on a GPU
-(it was rewritten from that kernel without one). What it computes: one program per
+At batch 1-4 the four-launch step of ``triton_decode.py`` is bound by launch latency; this
+kernel is the default there (``SMALL_BATCH_MAX``; H200, Qwen3.5-4B fp32, L=16, batch 1:
+5.7 µs against 11.1 µs for the four launches and 4.3 µs for the per-step kernel).
+What it computes: one program per
 (row b, value head h, block of BV value columns) holds the whole key dim (K <= 256) and,
 with ``c = cursor[b]``:
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from cli_helpers import parse_json
@@ -11,15 +9,7 @@ from cli_helpers import parse_json
 pytestmark = pytest.mark.gpu
 
 
-_KIMI_FP16 = pytest.mark.xfail(
-    condition=importlib.util.find_spec("fla") is not None,
-    reason="with flash-linear-attention installed, transformers runs fla's kernels as the stock Kimi-Linear "
-           "path and the fp16 validation against the stock model saw 0.35 logits vs a 0.25 tolerance on the "
-           "H200 (without fla it passes). Validation now settles such cases against an fp32 decode; that has "
-           "not yet run on this GPU case",
-    strict=False)
-CASES = [pytest.param(f, d, marks=_KIMI_FP16 if (f, d) == ("kimi_linear", "fp16") else ())
-         for f in ("nemotron_h", "zamba2", "qwen3_next", "kimi_linear") for d in ("fp32", "bf16", "fp16")]
+CASES = [(f, d) for f in ("nemotron_h", "zamba2", "qwen3_next", "kimi_linear") for d in ("fp32", "bf16", "fp16")]
 
 
 @pytest.mark.parametrize("family,dtype", CASES)
@@ -31,7 +21,12 @@ def test_convert_validates_on_cuda(family, dtype, tiny_dir, tmp_path):
     v = result.validation
     assert v.passed, [c.detail for c in v.checks]
     assert v.device.startswith("cuda") and v.dtype == dtype
-    assert v.flushes >= 2 and v.max_abs_diff <= v.tolerance
+    assert v.flushes >= 2
+    if v.oracle is None:
+        assert v.max_abs_diff <= v.tolerance
+    else:  # 16-bit comparison settled against an fp32 decode (e.g. stock Kimi-Linear through fla's kernels)
+        assert dtype != "fp32" and v.oracle == "fp32"
+        assert v.oracle_patched_diff <= 1.25 * v.oracle_stock_diff + 1e-3, (v.oracle_patched_diff, v.oracle_stock_diff)
 
 
 def test_env_reports_gpu_and_triton(run_cli):

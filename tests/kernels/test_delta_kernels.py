@@ -103,7 +103,7 @@ def test_replay_kernel_matches_reference(case):
     out_r = out_k.clone()
     for step in range(2 * L + 1):
         x = _token(gen, Bt, Hk, HV, K, V, kda, packed=(step % 2 == 1))
-        o_k = delta_replay_decode_triton(*x, *ker, out_k, **kw)
+        o_k = delta_replay_decode_triton(*x, *ker, out_k, **{"one_launch": False, **kw})
         o_r = delta_replay_decode_reference(*x, *ref, out_r)
         assert o_k is out_k
         _same(o_k, o_r)
@@ -113,6 +113,26 @@ def test_replay_kernel_matches_reference(case):
             else:
                 _same(a, b)
     assert torch.all(out_k[2] == 3.0)  # the idle row's output was never written
+
+
+def test_small_batches_default_to_one_launch(monkeypatch):
+    """Batches up to SMALL_BATCH_MAX rows run the one-launch kernel unless told otherwise."""
+    import replayssm.kernels.delta.triton_small_batch as small
+    from replayssm.kernels.delta.triton_decode import SMALL_BATCH_MAX
+
+    calls = []
+    real = small.delta_replay_decode_small_batch
+    monkeypatch.setattr(small, "delta_replay_decode_small_batch", lambda *a, **k: (calls.append(a[0].shape[0]),
+                                                                                    real(*a, **k))[1])
+    gen = torch.Generator().manual_seed(10)
+    for Bt, kw, expect in ((SMALL_BATCH_MAX, {}, True), (SMALL_BATCH_MAX + 1, {}, False),
+                           (1, dict(one_launch=False), False)):
+        ker = _setup(gen, Bt, 1, 2, 16, 16, 2, False, [0] * Bt)
+        ref = [t.clone() for t in ker]
+        x = _token(gen, Bt, 1, 2, 16, 16, False)
+        n = len(calls)
+        _same(delta_replay_decode_triton(*x, *ker, **kw), delta_replay_decode(*x, *ref, backend="torch"))
+        assert (len(calls) > n) == expect, (Bt, kw)
 
 
 @pytest.mark.parametrize("one_launch", [False, True], ids=["four-launches", "one-launch"])
