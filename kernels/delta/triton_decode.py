@@ -8,8 +8,10 @@ history ``A = exp(G_c) S0 + sum_{j<c} (exp(G_c - G_j) k_j) u_j^T``, a step needs
     A^T x = S0^T (exp(G_c) x) + sum_j (k_j . (exp(G_c - G_j) x)) u_j
 
 so a step is one read of the checkpoint against two key-dim vectors plus a few ring
-terms. The step runs as four launches, none of which syncs with the host (a whole step
-can be captured in a CUDA graph):
+terms. Batches of at most ``SMALL_BATCH_MAX`` rows run the one-launch kernel of
+``triton_small_batch.py`` by default (launch latency dominates there); larger ones run
+four launches, none of which syncs with the host (a whole step can be captured in a
+CUDA graph):
 
 1. ``_delta_coef_kernel``, one program per (row, value head): the key-dim vectors
    ``xk = exp(G_c) k_c``, ``xq = exp(G_c) q`` and the ring coefficients
@@ -53,8 +55,8 @@ __all__ = ["delta_replay_decode_triton", "advance_cursor_triton", "SMALL_BATCH_M
 
 #: Batches up to this many rows run the one-launch kernel by default. H200, L=16, CUDA
 #: graphs (examples/benchmarks/results/delta_small_batch_h200_2026-11-30.md): at batch 1-4
-#: it takes 0.51-0.91x the time of the four launches (Qwen3.5-4B fp32, batch 1: 5.7 vs
-#: 11.1 µs); at batch 8 it is 0.77-1.24x (slower for the KDA shape).
+#: it takes 0.51-0.95x the time of the four launches (Qwen3.5-4B fp32, batch 1: 5.7 vs
+#: 11.1 µs); at batch 8 it is 0.74-1.24x (slower for the KDA shape).
 SMALL_BATCH_MAX = 4
 
 
