@@ -334,8 +334,10 @@ def sweep(dev, copy_bw, log, Bt=256, L=16):
     if dev != "cuda":
         Bt = 2
 
-    base = [{}, dict(block_v=64), dict(flush_block_v=32), dict(flush_stages=1), dict(coef_block_k=128),
-            dict(coef_warps=2, coef_block_k=128), dict(coef_warps=4, coef_block_k=128)]
+    # output-launch shapes (columns per program, warps): the key-dim reduction crosses warps, so
+    # fewer warps per program can win, most of all with 16-bit checkpoints
+    base = [{}, dict(num_warps=2), dict(num_warps=1), dict(block_v=16, num_warps=1), dict(block_v=16, num_warps=2),
+            dict(block_v=64, num_warps=2)]
     variants = {gdn: base, kda: base}
     rows, best = [], {}
     for shape, cfgs in variants.items():
