@@ -333,10 +333,16 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
     if bk >= 256:
         return dict(block_v=32, num_warps=8, block_k=bk, flush_block_v=16, flush_warps=8, flush_programs=4,
                     flush_stages=2, coef_block_k=64, coef_warps=1)
-    # H200, batch 256, L=16 (examples/benchmarks/results/): 32 columns per output program
-    # (64: +12%), flush items of 64 columns with a 2-stage pipelined item loop (KDA fp32:
-    # 721 vs 881 µs flush step), one-warp coefficient programs over the whole key dim.
-    return dict(block_v=32, num_warps=4, block_k=bk, flush_block_v=64, flush_warps=4, flush_programs=4,
+    # H200, batch 256, L=16 (examples/benchmarks/results/delta_h200_2026-11-30_r4*): output
+    # programs of 1-2 warps, because the key-dim reduction crosses warps (4 warps: 16-bit
+    # checkpoints 1.46-1.53x slower, fp32 1.03-1.06x); flush items of 64 columns with a
+    # 2-stage pipelined item loop (KDA fp32: 721 vs 881 µs flush step), one-warp coefficient
+    # programs over the whole key dim.
+    if torch.tensor([], dtype=state_dtype).element_size() == 2:
+        block_v, warps = 32, 1
+    else:
+        block_v, warps = (32, 2) if kda else (64, 2)
+    return dict(block_v=block_v, num_warps=warps, block_k=bk, flush_block_v=64, flush_warps=4, flush_programs=4,
                 flush_stages=2, coef_block_k=128, coef_warps=1)
 
 
@@ -375,9 +381,9 @@ def delta_replay_decode_triton(
     launch; default a few per multiprocessor), ``flush_stages`` (software-pipelining
     stages of its loop over work items), ``coef_block_k`` / ``coef_warps`` (key-dim tile
     and warps of the coefficient launch). Defaults: ``default_config``. ``one_launch``: run
-    the small-batch kernel of ``triton_small_batch.py`` instead (K <= 256; its knobs are
-    ``block_v`` and ``num_warps``); by default it runs for batches of at most
-    ``SMALL_BATCH_MAX`` rows.
+    the small-batch kernel of ``triton_small_batch.py`` instead (K <= 256; with
+    ``one_launch=True`` its knobs are ``block_v`` and ``num_warps``); by default it runs, with
+    its own launch defaults, for batches of at most ``SMALL_BATCH_MAX`` rows.
     """
     Bt, HV, Hk, L, K, V = _check_shapes(q, k, v, g, beta, state, u_buf, k_buf, g_buf)
     if cursor.dtype != torch.int32 or tuple(cursor.shape) != (Bt,):
@@ -389,13 +395,14 @@ def delta_replay_decode_triton(
         out = torch.empty((Bt, HV, V), dtype=v.dtype, device=v.device)
     if Bt == 0:
         return out
+    chosen = one_launch is True  # asked for: block_v / num_warps are its knobs
     if one_launch is None:
         one_launch = Bt <= SMALL_BATCH_MAX and triton.next_power_of_2(K) <= 256
     if one_launch:
         from .triton_small_batch import delta_replay_decode_small_batch
 
         delta_replay_decode_small_batch(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, write_idle,
-                                        block_v=block_v, num_warps=num_warps)
+                                        block_v=block_v if chosen else None, num_warps=num_warps if chosen else None)
         advance_cursor_triton(cursor, L)
         return out
     cfg = default_config(K, V, state.dtype, kda)

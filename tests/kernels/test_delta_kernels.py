@@ -116,23 +116,25 @@ def test_replay_kernel_matches_reference(case):
 
 
 def test_small_batches_default_to_one_launch(monkeypatch):
-    """Batches up to SMALL_BATCH_MAX rows run the one-launch kernel unless told otherwise."""
+    """Batches up to SMALL_BATCH_MAX rows run the one-launch kernel unless told otherwise; the
+    four launches' knobs reach it only when it was asked for (``one_launch=True``)."""
     import replayssm.kernels.delta.triton_small_batch as small
     from replayssm.kernels.delta.triton_decode import SMALL_BATCH_MAX
 
     calls = []
     real = small.delta_replay_decode_small_batch
-    monkeypatch.setattr(small, "delta_replay_decode_small_batch", lambda *a, **k: (calls.append(a[0].shape[0]),
-                                                                                    real(*a, **k))[1])
+    monkeypatch.setattr(small, "delta_replay_decode_small_batch",
+                        lambda *a, **k: (calls.append((a[0].shape[0], k["block_v"])), real(*a, **k))[1])
     gen = torch.Generator().manual_seed(10)
-    for Bt, kw, expect in ((SMALL_BATCH_MAX, {}, True), (SMALL_BATCH_MAX + 1, {}, False),
-                           (1, dict(one_launch=False), False)):
-        ker = _setup(gen, Bt, 1, 2, 16, 16, 2, False, [0] * Bt)
+    for Bt, kw, expect in ((SMALL_BATCH_MAX, dict(block_v=16), (SMALL_BATCH_MAX, None)),
+                           (SMALL_BATCH_MAX + 1, {}, None), (1, dict(one_launch=False), None),
+                           (SMALL_BATCH_MAX + 1, dict(one_launch=True, block_v=16), (SMALL_BATCH_MAX + 1, 16))):
+        ker = _setup(gen, Bt, 1, 2, 16, 24, 2, False, [0] * Bt)
         ref = [t.clone() for t in ker]
-        x = _token(gen, Bt, 1, 2, 16, 16, False)
+        x = _token(gen, Bt, 1, 2, 16, 24, False)
         n = len(calls)
         _same(delta_replay_decode_triton(*x, *ker, **kw), delta_replay_decode(*x, *ref, backend="torch"))
-        assert (len(calls) > n) == expect, (Bt, kw)
+        assert (calls[n] if len(calls) > n else None) == expect, (Bt, kw)
 
 
 @pytest.mark.parametrize("one_launch", [False, True], ids=["four-launches", "one-launch"])
