@@ -335,9 +335,10 @@ def sweep(dev, copy_bw, log, Bt=256, L=16):
         Bt = 2
 
     # output-launch shapes (columns per program, warps): the key-dim reduction crosses warps, so
-    # fewer warps per program can win, most of all with 16-bit checkpoints
+    # fewer warps per program can win, most of all with 16-bit checkpoints; and (not yet measured)
+    # flush items of 2 warps
     base = [{}, dict(num_warps=2), dict(num_warps=1), dict(block_v=16, num_warps=1), dict(block_v=16, num_warps=2),
-            dict(block_v=64, num_warps=2)]
+            dict(block_v=64, num_warps=2), dict(flush_warps=2), dict(flush_warps=2, flush_block_v=32)]
     variants = {gdn: base, kda: base}
     rows, best = [], {}
     for shape, cfgs in variants.items():
