@@ -43,6 +43,8 @@ slots are selected away (NaN there is harmless). The interpreter runs the dot wi
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -326,9 +328,10 @@ def advance_cursor_triton(cursor: torch.Tensor, L: int) -> None:
     _advance_cursor_kernel[(triton.cdiv(Bt, BLOCK),)](cursor, cursor.stride(0), Bt, L, BLOCK=BLOCK)
 
 
+@functools.lru_cache(maxsize=256)
 def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
     """Launch knobs of the output and flush launches (value columns per program, warps, K
-    tile, flush programs per multiprocessor)."""
+    tile, flush programs per multiprocessor). Cached: callers must not modify the dict."""
     bk = min(triton.next_power_of_2(K), 256)
     if bk >= 256:
         return dict(block_v=32, num_warps=8, block_k=bk, flush_block_v=16, flush_warps=8, flush_programs=4,
@@ -338,7 +341,7 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
     # checkpoints 1.46-1.53x slower, fp32 1.03-1.06x); flush items of 64 columns with a
     # 2-stage pipelined item loop (KDA fp32: 721 vs 881 µs flush step), one-warp coefficient
     # programs over the whole key dim.
-    if torch.tensor([], dtype=state_dtype).element_size() == 2:
+    if state_dtype.itemsize == 2:
         block_v, warps = 32, 1
     else:
         block_v, warps = (32, 2) if kda else (64, 2)

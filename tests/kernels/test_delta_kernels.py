@@ -121,10 +121,14 @@ def test_small_batches_default_to_one_launch(monkeypatch):
     import replayssm.kernels.delta.triton_small_batch as small
     from replayssm.kernels.delta.triton_decode import SMALL_BATCH_MAX
 
-    calls = []
+    calls = []  # (batch, block_v) of each small-batch launch
     real = small.delta_replay_decode_small_batch
-    monkeypatch.setattr(small, "delta_replay_decode_small_batch",
-                        lambda *a, **k: (calls.append((a[0].shape[0], k["block_v"])), real(*a, **k))[1])
+
+    def recording(*args, **kwargs):
+        calls.append((args[0].shape[0], kwargs["block_v"]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(small, "delta_replay_decode_small_batch", recording)
     gen = torch.Generator().manual_seed(10)
     for Bt, kw, expect in ((SMALL_BATCH_MAX, dict(block_v=16), (SMALL_BATCH_MAX, None)),
                            (SMALL_BATCH_MAX + 1, {}, None), (1, dict(one_launch=False), None),
