@@ -303,14 +303,13 @@ def write_outputs(out_dir, meta, results, tuning, Ls, t0):
 def tune_candidates(H, P, N, G):
     """A few launch configurations of the replay kernel for large batches (None = default heuristics)."""
     HPG = H // G
+    HC = min(HPG, 16)
     return [None,
-            dict(BLOCK_P=32, HC=HPG, BLOCK_NF=16),
-            dict(BLOCK_P=64, HC=HPG, BLOCK_NF=32, num_warps=8),
-            dict(BLOCK_P=32, HC=max(1, HPG // 2), BLOCK_NF=32),
-            dict(BLOCK_P=32, HC=min(HPG, 16), BLOCK_NF=32, num_stages=2),
-            # fewer warps per program (the delta-rule output launch gained 1.03-1.5x from 1-2 warps)
-            dict(BLOCK_P=32, HC=min(HPG, 16), BLOCK_NF=32, num_warps=2),
-            dict(BLOCK_P=16, HC=min(HPG, 16), BLOCK_NF=32, num_warps=1)]
+            dict(BLOCK_P=32, HC=HC, BLOCK_NF=64, num_warps=2, early_load=True),
+            dict(BLOCK_P=32, HC=HC, BLOCK_NF=64, num_warps=1, num_stages=2, early_load=True),
+            dict(BLOCK_P=32, HC=max(1, HC // 2), BLOCK_NF=64, num_warps=2, early_load=True),
+            dict(BLOCK_P=32, HC=HC, BLOCK_NF=32, num_warps=2, early_load=True),
+            dict(BLOCK_P=32, HC=HC, BLOCK_NF=32, num_warps=4)]  # the defaults before 2026-11-30 (fp32)
 
 
 def tune_replay(name, shape, sdt, dev, copy_bw, tuning, log, Bt=256, L=16):

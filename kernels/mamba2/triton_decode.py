@@ -36,8 +36,8 @@ flush rows exit early. On the H200 (batch 256) it was slower than the fused laun
 with all rows flushing together and with staggered cursors (bf16 checkpoint, staggered:
 290 µs fused vs 304-318 split), so the fused launch stays the default. Neither variant syncs with the host, so a
 whole step can be captured in a CUDA graph. Default block sizes (``replay_config``) come
-from H200 measurements (examples/benchmarks/results/). With ``early_load`` (small
-batches) every load of a program's first head is issued before the cursor is known.
+from H200 measurements (examples/benchmarks/results/). With ``early_load`` (the default)
+every load of a program's first head is issued before the cursor is known.
 """
 
 from __future__ import annotations
@@ -276,8 +276,8 @@ def _mamba2_replay_kernel(
     h0 = g * HPG + hc * HC
     nh = tl.minimum(HC, HPG - hc * HC)
     if EARLY_LOAD:
-        # Small batches are latency-bound: every load of the output-only route's first head
-        # is issued before the cursor is known. Window loads are bounded by L, not by the
+        # Every load of the output-only route's first head is issued before the cursor is
+        # known (latency: small batches gain most, batch 256 ~1%). Window loads are bounded by L, not by the
         # cursor; stale slots are selected away once it is known (NaN there is harmless).
         offs_n0 = tl.arange(0, BLOCK_N)
         mn0 = offs_n0 < N
@@ -538,7 +538,8 @@ def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC:
 
     ``flush``: knobs of the persistent flush launch of ``route='split'`` (``BLOCK_P``, ``HC``,
     ``BLOCK_NF``, ``num_warps``, ``num_stages``, ``programs_per_sm`` (default 4) or an absolute
-    ``programs`` count)."""
+    ``programs`` count, ``persistent`` (default True; False: the replay kernel specialised to the
+    flush route, one program per work item, so the output launch carries no flush registers))."""
     HPG = H // G
     if BLOCK_N is None:
         BLOCK_N = max(16, min(_pow2(N), 256)) if N <= 256 else 128
@@ -557,6 +558,11 @@ def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC:
         cfg["flush"] = {k: fc[k] for k in ("BLOCK_P", "BLOCK_NF", "HC", "n_hc", "n_pb", "num_warps", "num_stages")}
         cfg["flush"]["programs_per_sm"] = int((flush or {}).get("programs_per_sm", 4))
         cfg["flush"]["programs"] = (flush or {}).get("programs")  # absolute count (tests), else per SM
+        # persistent=False: the flush launch is the replay kernel specialised to the flush
+        # route, one program per work item (non-flush rows exit after reading the cursor)
+        cfg["flush"]["persistent"] = bool((flush or {}).get("persistent", True))
+        if not cfg["flush"]["persistent"] and cfg["flush"]["BLOCK_P"] < 16:
+            raise ValueError("the flush route's tl.dot needs BLOCK_P >= 16")
     elif cfg["BLOCK_P"] < 16:
         raise ValueError("the flush route's tl.dot needs BLOCK_P >= 16")
     return cfg
@@ -576,15 +582,22 @@ def replay_config(Bt: int, H: int, P: int, N: int, G: int, L: int, state_bytes: 
     # row's programs (which walk their heads one after the other) stay short when only some
     # rows of the batch flush.
     HC = max(1, min(HPG, 16, (Bt * G * n_pb * HPG) // (8 * n_sm)))
-    # Flush tiles of 32 state columns (halved for windows longer than 16). With 16-bit
+    # Flush tiles of 64 state columns (halved for windows longer than 16). With 16-bit
     # operands the loops are software-pipelined in 2 stages (H200, batch 256, Super shape,
     # bf16 checkpoint: flush step 716 vs 1269 µs, other steps unchanged; no gain at fp32).
+    # Few warps per program from batch 5: the state-dim reductions then stay within a warp
+    # and more programs fit per SM (H200, Super shape, L=16, whole cycle at batch 256: fp32
+    # checkpoint 2 warps + 64-column flush tiles 309 vs 337 µs with 4 warps and 32 columns;
+    # bf16 checkpoint 1 warp 171 vs 234 µs; same direction at batch 32-512 and for the
+    # Nano-4B and Mamba2-2.7B shapes; examples/benchmarks/results/mamba2_launch_h200_2026-11-30.md).
+    # One warp only with 16-bit operands: an fp32 flush tile spills there.
     BLOCK_L = max(16, _pow2(L))
     lowp = state_bytes == 2 and act_bytes == 2
-    BLOCK_NF = max(16, min(BLOCK_N, 32 * 16 // BLOCK_L))
+    BLOCK_NF = max(16, min(BLOCK_N, 64 * 16 // BLOCK_L))
     stages = 2 if lowp and Bt > 4 else 1
-    return make_replay_config(H, P, N, G, L, BLOCK_P, HC, BLOCK_N, BLOCK_NF, num_warps=4, num_stages=stages,
-                              early_load=Bt <= 4)
+    warps = 4 if Bt <= 4 else (1 if lowp else 2)
+    return make_replay_config(H, P, N, G, L, BLOCK_P, HC, BLOCK_N, BLOCK_NF, num_warps=warps, num_stages=stages,
+                              early_load=True)
 
 
 def _interpreting() -> bool:
@@ -656,14 +669,18 @@ def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor
         # output-only launch, whose programs (all rows) do the arrival for the cursor advance
         fcfg = dict(cfg)
         fcfg.update(cfg.get("flush", {}))
-        n_prog = int(fcfg.get("programs") or fcfg.get("programs_per_sm", 4) * n_sm)
-        for row0, n_rows, BB in flush_row_chunks(Bt):
-            items = n_rows * G * fcfg["n_hc"] * fcfg["n_pb"]
-            _mamba2_flush_kernel[(max(1, min(n_prog, items)),)](
-                *tensors, P, N, L, G, HPG, fcfg["HC"], fcfg["n_hc"], fcfg["n_pb"], row0, n_rows, *strides, **flags,
-                BLOCK_P=fcfg["BLOCK_P"], BLOCK_N=cfg["BLOCK_N"], BLOCK_NF=fcfg["BLOCK_NF"],
-                BLOCK_L=cfg["BLOCK_L"], BB=BB, num_warps=fcfg["num_warps"], num_stages=fcfg["num_stages"],
-            )
+        if not fcfg.get("persistent", True):
+            fcfg["early_load"] = False
+            launch(fcfg, 2, False, False)
+        else:
+            n_prog = int(fcfg.get("programs") or fcfg.get("programs_per_sm", 4) * n_sm)
+            for row0, n_rows, BB in flush_row_chunks(Bt):
+                items = n_rows * G * fcfg["n_hc"] * fcfg["n_pb"]
+                _mamba2_flush_kernel[(max(1, min(n_prog, items)),)](
+                    *tensors, P, N, L, G, HPG, fcfg["HC"], fcfg["n_hc"], fcfg["n_pb"], row0, n_rows, *strides,
+                    **flags, BLOCK_P=fcfg["BLOCK_P"], BLOCK_N=cfg["BLOCK_N"], BLOCK_NF=fcfg["BLOCK_NF"],
+                    BLOCK_L=cfg["BLOCK_L"], BB=BB, num_warps=fcfg["num_warps"], num_stages=fcfg["num_stages"],
+                )
         launch(cfg, 1, zero_idle, adv)
     else:
         launch(cfg, 0, zero_idle, adv)

@@ -71,7 +71,10 @@ def test_replay_split_and_kernel_advance_variants():
     # (H, P, N, G, L) = (4, 16, 16, 2, 3); split with 4-lane blocks and one head per program in
     # the output-only launch, 16-lane blocks in the flush launch
     small = make_replay_config(4, 16, 16, 2, 3, BLOCK_P=4, HC=1, route="split")
-    for route, advance, cfg in (("split", "atomic", None), ("fused", "kernel", None), ("split", "atomic", small)):
+    # the flush launch as the replay kernel specialised to the flush route (not persistent)
+    spec = make_replay_config(4, 16, 16, 2, 3, BLOCK_P=4, HC=1, route="split", flush=dict(persistent=False))
+    for route, advance, cfg in (("split", "atomic", None), ("fused", "kernel", None), ("split", "atomic", small),
+                                ("split", "atomic", spec), ("split", "kernel", spec)):
         prob = Problem(3, 4, 16, 16, 2, 3, torch.float32, torch.float32, DEV, [2, 0, -1], seed=11)
         check_replay_trajectory(variant(route, advance, cfg), prob, steps=4)
     # persistent flush launch: one or two programs walking every flush item, and the rows

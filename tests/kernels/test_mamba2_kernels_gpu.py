@@ -92,7 +92,8 @@ def test_large_batch_config_and_out_none():
     check_replay_trajectory(_replay(), prob, steps=2 * L + 1, use_out=False)
 
 
-@pytest.mark.parametrize("variant", ["split", "kernel-advance", "split-small-blocks"])
+@pytest.mark.parametrize("variant", ["split", "kernel-advance", "split-small-blocks", "split-specialised",
+                                     "split-specialised-kernel-advance"])
 def test_launch_variants(variant):
     from replayssm.kernels.mamba2.triton_decode import launch_mamba2_replay_decode, make_replay_config
 
@@ -100,7 +101,12 @@ def test_launch_variants(variant):
     Bt, L = 5, 4
     cfg = {"split": make_replay_config(H, P, N, G, L, BLOCK_P=32, HC=12, route="split"),
            "kernel-advance": make_replay_config(H, P, N, G, L, BLOCK_P=32, HC=3, advance="kernel"),
-           "split-small-blocks": make_replay_config(H, P, N, G, L, BLOCK_P=8, HC=4, route="split")}[variant]
+           "split-small-blocks": make_replay_config(H, P, N, G, L, BLOCK_P=8, HC=4, route="split"),
+           "split-specialised": make_replay_config(H, P, N, G, L, BLOCK_P=8, HC=4, num_warps=2, route="split",
+                                                   flush=dict(BLOCK_P=32, persistent=False)),
+           "split-specialised-kernel-advance": make_replay_config(H, P, N, G, L, BLOCK_P=32, HC=12, route="split",
+                                                                  advance="kernel",
+                                                                  flush=dict(persistent=False, HC=3))}[variant]
 
     def fn(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None, sp=True, out=None):
         launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, sp, out,
