@@ -574,9 +574,12 @@ def replay_config(Bt: int, H: int, P: int, N: int, G: int, L: int, state_bytes: 
     """Default block sizes and program split for one call (pure function of shapes, no device work)."""
     HPG = H // G
     BLOCK_N = max(16, min(_pow2(N), 256)) if N <= 256 else 128
-    # 32 lanes x 128 state columns per tile (16 KB at fp32): best on the H200 at batch 256
-    # and, with one head per program, also at batch 1 (16-lane tiles were slower there).
-    BLOCK_P = max(16, min(_pow2(P), 4096 // BLOCK_N))
+    # 32 lanes x 128 state columns per tile (16 KB at fp32): best on the H200 at batch 256.
+    # Up to batch 4, 16 lanes with 2 warps (H200, batch 1, L=16: Nano-4B fp32 5.2 vs 7.4 µs
+    # with 32 lanes and 4 warps, its P=80 wastes lanes in 32-lane blocks; Super and
+    # Mamba2-2.7B within 1-3%).
+    small = Bt <= 4
+    BLOCK_P = 16 if small else max(16, min(_pow2(P), 4096 // BLOCK_N))
     n_pb = triton.cdiv(P, BLOCK_P)
     # Heads per program: enough programs for ~8 per SM, at most 16 heads, so that a flush
     # row's programs (which walk their heads one after the other) stay short when only some
@@ -585,7 +588,7 @@ def replay_config(Bt: int, H: int, P: int, N: int, G: int, L: int, state_bytes: 
     # Flush tiles of 64 state columns (halved for windows longer than 16). With 16-bit
     # operands the loops are software-pipelined in 2 stages (H200, batch 256, Super shape,
     # bf16 checkpoint: flush step 716 vs 1269 µs, other steps unchanged; no gain at fp32).
-    # Few warps per program from batch 5: the state-dim reductions then stay within a warp
+    # Few warps per program from batch 5 too: the state-dim reductions then stay within a warp
     # and more programs fit per SM (H200, Super shape, L=16, whole cycle at batch 256: fp32
     # checkpoint 2 warps + 64-column flush tiles 309 vs 337 µs with 4 warps and 32 columns;
     # bf16 checkpoint 1 warp 171 vs 234 µs; same direction at batch 32-512 and for the
@@ -594,8 +597,8 @@ def replay_config(Bt: int, H: int, P: int, N: int, G: int, L: int, state_bytes: 
     BLOCK_L = max(16, _pow2(L))
     lowp = state_bytes == 2 and act_bytes == 2
     BLOCK_NF = max(16, min(BLOCK_N, 64 * 16 // BLOCK_L))
-    stages = 2 if lowp and Bt > 4 else 1
-    warps = 4 if Bt <= 4 else (1 if lowp else 2)
+    stages = 2 if lowp and not small else 1
+    warps = 2 if small else (1 if lowp else 2)
     return make_replay_config(H, P, N, G, L, BLOCK_P, HC, BLOCK_N, BLOCK_NF, num_warps=warps, num_stages=stages,
                               early_load=True)
 
