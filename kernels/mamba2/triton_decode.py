@@ -34,7 +34,9 @@ separate tiny launch instead.
 items, found on the device from the cursors), then the output-only launch, from which
 flush rows exit early. On the H200 (batch 256) it was slower than the fused launch both
 with all rows flushing together and with staggered cursors (bf16 checkpoint, staggered:
-290 µs fused vs 304-318 split), so the fused launch stays the default. Neither variant syncs with the host, so a
+290 µs fused vs 304-318 split), so the fused launch stays the default; so does it against a flush launch that is the
+replay kernel specialised to the flush route (``flush=dict(persistent=False)``, measured
+2026-11-30). Neither variant syncs with the host, so a
 whole step can be captured in a CUDA graph. Default block sizes (``replay_config``) come
 from H200 measurements (examples/benchmarks/results/). With ``early_load`` (the default)
 every load of a program's first head is issued before the cursor is known.
@@ -277,8 +279,9 @@ def _mamba2_replay_kernel(
     nh = tl.minimum(HC, HPG - hc * HC)
     if EARLY_LOAD:
         # Every load of the output-only route's first head is issued before the cursor is
-        # known (latency: small batches gain most, batch 256 ~1%). Window loads are bounded by L, not by the
-        # cursor; stale slots are selected away once it is known (NaN there is harmless).
+        # known (latency: small batches gain most, batch 256 ~1%). Window loads are bounded
+        # by L, not by the cursor; stale slots are selected away once it is known (NaN there
+        # is harmless).
         offs_n0 = tl.arange(0, BLOCK_N)
         mn0 = offs_n0 < N
         offs_l0 = tl.arange(0, BLOCK_L)
@@ -598,7 +601,7 @@ def replay_config(Bt: int, H: int, P: int, N: int, G: int, L: int, state_bytes: 
     lowp = state_bytes == 2 and act_bytes == 2
     BLOCK_NF = max(16, min(BLOCK_N, 64 * 16 // BLOCK_L))
     stages = 2 if lowp and not small else 1
-    warps = 2 if small else (1 if lowp else 2)
+    warps = 1 if lowp and not small else 2
     return make_replay_config(H, P, N, G, L, BLOCK_P, HC, BLOCK_N, BLOCK_NF, num_warps=warps, num_stages=stages,
                               early_load=True)
 
