@@ -564,10 +564,10 @@ def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC:
         # persistent=False: the flush launch is the replay kernel specialised to the flush
         # route, one program per work item (non-flush rows exit after reading the cursor)
         cfg["flush"]["persistent"] = bool((flush or {}).get("persistent", True))
-        if not cfg["flush"]["persistent"] and cfg["flush"]["BLOCK_P"] < 16:
-            raise ValueError("the flush route's tl.dot needs BLOCK_P >= 16")
-    elif cfg["BLOCK_P"] < 16:
-        raise ValueError("the flush route's tl.dot needs BLOCK_P >= 16")
+    # the replay kernel's flush route (fused, or split with a non-persistent flush launch)
+    dot_p = cfg["BLOCK_P"] if route != "split" else (None if cfg["flush"]["persistent"] else cfg["flush"]["BLOCK_P"])
+    if dot_p is not None and dot_p < 16:
+        raise ValueError(f"the flush route's tl.dot needs BLOCK_P >= 16; got {dot_p}")
     return cfg
 
 
