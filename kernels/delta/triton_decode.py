@@ -17,7 +17,11 @@ CUDA graph):
    ``xk = exp(G_c) k_c``, ``xq = exp(G_c) q`` and the ring coefficients
    ``ck_j = k_j . (exp(G_c - G_j) k_c)``, ``cq_j`` (same with q), ``k_c . q``, into an fp32
    scratch. The ring keys (and, for KDA, the per-channel gate ring with its cumulative
-   sums) are read here once per head instead of once per value-column block.
+   sums) are read here once per head instead of once per value-column block. Gated
+   DeltaNet runs ``_gdn_coef_kernel`` instead by default: one program per (row, key head)
+   computes the ring-key products once for the value heads sharing that key head (their
+   scalar decays only weight them); with 16-bit checkpoints the output launch then scales
+   k_c and q by ``exp(G_c)`` itself (no x scratch).
 2. ``_delta_output_kernel``, one program per (row, value head, block of value columns):
    reads the checkpoint tile once, ``r = S0^T xk + sum_j ck_j u_j``,
    ``hq = S0^T xq + sum_j cq_j u_j``, writes ``o`` and appends ``(u_c, k_c, g_c)`` at ring
@@ -140,6 +144,72 @@ def _delta_coef_kernel(
 
 
 @triton.jit
+def _gdn_coef_kernel(
+    q_ptr, k_ptr, g_ptr, kb_ptr, gb_ptr, cur_ptr, x_ptr, cw_ptr,
+    sq_b, sq_h, sq_k,
+    sk_b, sk_h, sk_k,
+    sg_b, sg_h,
+    skb_b, skb_h, skb_l, skb_k,
+    sgb_b, sgb_h, sgb_l,
+    sc_b,
+    Hk, GROUP, K, L,
+    BK: tl.constexpr, NK: tl.constexpr, LP: tl.constexpr, WRITE_X: tl.constexpr,
+):
+    """Gated DeltaNet coefficients, one program per (row, key head): the ring-key products
+    ``k_j . k_c`` and ``k_j . q`` are computed once for the GROUP value heads that share the
+    key head; each value head then gets them weighted by its own decays. cw scratch
+    (Bt, HV, 3, LP): [ck, cq, (k_c . q, exp(G_c), 0...)]; the output launch scales k_c and q
+    by exp(G_c) itself (no x scratch)."""
+    pid = tl.program_id(0)
+    b = (pid // Hk).to(tl.int64)
+    hk = pid % Hk
+    c = tl.load(cur_ptr + b * sc_b)
+    offs_l = tl.arange(0, LP)
+    ml = offs_l < c
+    inl = offs_l < L
+    q_base = q_ptr + b * sq_b + hk * sq_h
+    k_base = k_ptr + b * sk_b + hk * sk_h
+    kb_base = kb_ptr + b * skb_b + hk * skb_h
+    dk = tl.zeros([LP], dtype=tl.float32)
+    dq = tl.zeros([LP], dtype=tl.float32)
+    kq = tl.zeros([BK], dtype=tl.float32)
+    for i_k in range(NK):
+        offs_k = i_k * BK + tl.arange(0, BK)
+        mk = offs_k < K
+        kv = tl.load(k_base + offs_k * sk_k, mask=mk, other=0.0).to(tl.float32)
+        qv = tl.load(q_base + offs_k * sq_k, mask=mk, other=0.0).to(tl.float32)
+        kw = tl.load(kb_base + offs_k[:, None] * skb_k + offs_l[None, :] * skb_l,
+                     mask=mk[:, None] & inl[None, :], other=0.0).to(tl.float32)  # (BK, LP) keys^T
+        dk += tl.sum(kw * kv[:, None], axis=0)
+        dq += tl.sum(kw * qv[:, None], axis=0)
+        kq += kv * qv
+    # stale slots (>= c; NaN in the tests) are selected away before anything mixes entries
+    dk = tl.where(ml, dk, 0.0)
+    dq = tl.where(ml, dq, 0.0)
+    kqs = tl.sum(kq, axis=0)
+    HV = Hk * GROUP
+    for j in range(GROUP):
+        h = hk * GROUP + j
+        gh = tl.load(gb_ptr + b * sgb_b + h * sgb_h + offs_l * sgb_l, mask=inl, other=0.0).to(tl.float32)
+        gh = tl.where(ml, gh, 0.0)
+        gtot = tl.sum(gh, axis=0) + tl.load(g_ptr + b * sg_b + h * sg_h).to(tl.float32)
+        w = tl.where(ml, tl.exp(gtot - tl.cumsum(gh, axis=0)), 0.0)
+        cw_base = cw_ptr + (b * HV + h) * 3 * LP
+        tl.store(cw_base + offs_l, dk * w)
+        tl.store(cw_base + LP + offs_l, dq * w)
+        tl.store(cw_base + 2 * LP + offs_l, tl.where(offs_l == 0, kqs, tl.where(offs_l == 1, tl.exp(gtot), 0.0)))
+        if WRITE_X:
+            x_base = x_ptr + (b * HV + h) * 2 * K
+            for i_k in range(NK):
+                offs_k = i_k * BK + tl.arange(0, BK)
+                mk = offs_k < K
+                kv = tl.load(k_base + offs_k * sk_k, mask=mk, other=0.0).to(tl.float32)
+                qv = tl.load(q_base + offs_k * sq_k, mask=mk, other=0.0).to(tl.float32)
+                tl.store(x_base + offs_k, tl.exp(gtot) * kv, mask=mk)
+                tl.store(x_base + K + offs_k, tl.exp(gtot) * qv, mask=mk)
+
+
+@triton.jit
 def _copy_vector(src, s_src, dst, s_dst, K, BK: tl.constexpr, NK: tl.constexpr):
     """dst[k] = src[k] for k < K, converted to dst's dtype (a ring append)."""
     for i_k in range(NK):
@@ -151,7 +221,8 @@ def _copy_vector(src, s_src, dst, s_dst, K, BK: tl.constexpr, NK: tl.constexpr):
 
 @triton.jit
 def _delta_output_kernel(
-    k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, ub_ptr, kb_ptr, gb_ptr, cur_ptr, x_ptr, cw_ptr, uf_ptr, o_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, ub_ptr, kb_ptr, gb_ptr, cur_ptr, x_ptr, cw_ptr, uf_ptr, o_ptr,
+    sq_b, sq_h, sq_k,
     sk_b, sk_h, sk_k,
     sv_b, sv_h, sv_v,
     sg_b, sg_h, sg_k,
@@ -164,8 +235,10 @@ def _delta_output_kernel(
     sc_b,
     HV, GROUP, K, V, L, NV,
     KDA: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr,
-    WRITE_IDLE: tl.constexpr,
+    WRITE_IDLE: tl.constexpr, X_FROM_KEYS: tl.constexpr,
 ):
+    """X_FROM_KEYS (Gated DeltaNet): scale k_c and q by exp(G_c) (cw[2, 1]) here instead of
+    reading them from the x scratch."""
     pid = tl.program_id(0)
     i_v = pid % NV
     i_bh = pid // NV
@@ -194,6 +267,8 @@ def _delta_output_kernel(
     ck = tl.load(cw_base + offs_l)
     cq = tl.load(cw_base + LP + offs_l)
     kq = tl.load(cw_base + 2 * LP)
+    if X_FROM_KEYS:
+        dsc = tl.load(cw_base + 2 * LP + 1)
     vv = tl.load(v_ptr + b * sv_b + h * sv_h + offs_v * sv_v, mask=mv, other=0.0).to(tl.float32)
     beta = tl.load(beta_ptr + b * sbt_b + h * sbt_h).to(tl.float32)
     if c < 0:
@@ -212,8 +287,13 @@ def _delta_output_kernel(
         else:
             s0 = tl.load(s_base + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v,
                          mask=mk[:, None] & mv[None, :], other=0.0).to(tl.float32)
-        xk = tl.load(x_base + offs_k, mask=mk, other=0.0)
-        xq = tl.load(x_base + K + offs_k, mask=mk, other=0.0)
+        if X_FROM_KEYS:
+            hk_x = h // GROUP
+            xk = tl.load(k_ptr + b * sk_b + hk_x * sk_h + offs_k * sk_k, mask=mk, other=0.0).to(tl.float32) * dsc
+            xq = tl.load(q_ptr + b * sq_b + hk_x * sq_h + offs_k * sq_k, mask=mk, other=0.0).to(tl.float32) * dsc
+        else:
+            xk = tl.load(x_base + offs_k, mask=mk, other=0.0)
+            xq = tl.load(x_base + K + offs_k, mask=mk, other=0.0)
         r += tl.sum(s0 * xk[:, None], axis=0)
         hq += tl.sum(s0 * xq[:, None], axis=0)
     r += tl.sum(ck[:, None] * ub, axis=0)
@@ -335,18 +415,24 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
     bk = min(triton.next_power_of_2(K), 256)
     if bk >= 256:
         return dict(block_v=32, num_warps=8, block_k=bk, flush_block_v=16, flush_warps=8, flush_programs=4,
-                    flush_stages=2, coef_block_k=64, coef_warps=1)
+                    flush_stages=2, coef_block_k=64, coef_warps=1,
+                    coef_per_key_head=False, coef_write_x=True)
     # H200, batch 256, L=16 (examples/benchmarks/results/delta_h200_2026-11-30_r4*): output
     # programs of 1-2 warps, because the key-dim reduction crosses warps (4 warps: 16-bit
     # checkpoints 1.46-1.53x slower, fp32 1.03-1.06x); flush items of 64 columns with a
     # 2-stage pipelined item loop (KDA fp32: 721 vs 881 µs flush step), one-warp coefficient
     # programs over the whole key dim.
+    # Gated DeltaNet: coefficient programs per key head (H200, batch 256, L=16, whole cycle:
+    # bf16 checkpoints 1.05x (Qwen3.5-4B) / 1.07x (122B) with the output launch scaling k_c and
+    # q itself; fp32 checkpoints 1.01x / 1.02x only when the coefficient launch writes them
+    # scaled, 0.92-0.94x otherwise; examples/benchmarks/results/delta_launch_variants_h200_2026-12-01.md).
     if state_dtype.itemsize == 2:
         block_v, warps = 32, 1
     else:
         block_v, warps = (32, 2) if kda else (64, 2)
     return dict(block_v=block_v, num_warps=warps, block_k=bk, flush_block_v=64, flush_warps=4, flush_programs=4,
-                flush_stages=2, coef_block_k=128, coef_warps=1)
+                flush_stages=2, coef_block_k=128, coef_warps=1, coef_per_key_head=not kda,
+                coef_write_x=state_dtype.itemsize == 4)
 
 
 def delta_replay_decode_triton(
@@ -373,6 +459,8 @@ def delta_replay_decode_triton(
     coef_block_k: int | None = None,
     coef_warps: int | None = None,
     one_launch: bool | None = None,
+    coef_per_key_head: bool | None = None,
+    coef_write_x: bool | None = None,
 ) -> torch.Tensor:
     """Triton version of ``delta_replay_decode_reference`` (same arguments and result).
 
@@ -383,7 +471,10 @@ def delta_replay_decode_triton(
     (same for the flush launch), ``flush_programs`` (programs of the persistent flush
     launch; default a few per multiprocessor), ``flush_stages`` (software-pipelining
     stages of its loop over work items), ``coef_block_k`` / ``coef_warps`` (key-dim tile
-    and warps of the coefficient launch). Defaults: ``default_config``. ``one_launch``: run
+    and warps of the coefficient launch), ``coef_per_key_head`` (Gated DeltaNet: one
+    coefficient program per key head, shared by its value heads) and ``coef_write_x`` (with
+    it: that launch also writes the decay-scaled k_c and q for the output launch, which
+    otherwise scales them itself). Defaults: ``default_config``. ``one_launch``: run
     the small-batch kernel of ``triton_small_batch.py`` instead (K <= 256; with
     ``one_launch=True`` its knobs are ``block_v`` and ``num_warps``); by default it runs, with
     its own launch defaults, for batches of at most ``SMALL_BATCH_MAX`` rows.
@@ -430,15 +521,25 @@ def delta_replay_decode_triton(
     skb, sub, ss = k_buf.stride(), u_buf.stride(), state.stride()
     GROUP = HV // Hk
     BKC = max(16, min(coef_block_k or cfg["coef_block_k"], triton.next_power_of_2(K)))
-    _delta_coef_kernel[(Bt * HV,)](
-        q, k, g, k_buf, g_buf, cursor, xs, cw, *sq, *sk, *sg, *skb, *sgb, cursor.stride(0),
-        HV, GROUP, K, L, KDA=kda, BK=BKC, NK=triton.cdiv(K, BKC), LP=LP, num_warps=coef_warps or cfg["coef_warps"],
-    )
+    per_key = not kda and (cfg["coef_per_key_head"] if coef_per_key_head is None else bool(coef_per_key_head))
+    write_x = per_key and (cfg["coef_write_x"] if coef_write_x is None else bool(coef_write_x))
+    if per_key:
+        _gdn_coef_kernel[(Bt * Hk,)](
+            q, k, g, k_buf, g_buf, cursor, xs, cw, *sq, *sk, *g.stride(), *skb, *g_buf.stride()[:3], cursor.stride(0),
+            Hk, GROUP, K, L, BK=BKC, NK=triton.cdiv(K, BKC), LP=LP, WRITE_X=write_x,
+            num_warps=coef_warps or cfg["coef_warps"],
+        )
+    else:
+        _delta_coef_kernel[(Bt * HV,)](
+            q, k, g, k_buf, g_buf, cursor, xs, cw, *sq, *sk, *sg, *skb, *sgb, cursor.stride(0),
+            HV, GROUP, K, L, KDA=kda, BK=BKC, NK=triton.cdiv(K, BKC), LP=LP,
+            num_warps=coef_warps or cfg["coef_warps"],
+        )
     _delta_output_kernel[(Bt * HV * NV,)](
-        k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, xs, cw, uf, out,
-        *sk, *sv, *sg, *beta.stride(), *ss, *sub, *skb, *sgb, *out.stride(), cursor.stride(0),
+        q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, xs, cw, uf, out,
+        *sq, *sk, *sv, *sg, *beta.stride(), *ss, *sub, *skb, *sgb, *out.stride(), cursor.stride(0),
         HV, GROUP, K, V, L, NV,
-        KDA=kda, BK=BK, NK=NK, BV=BV, LP=LP, WRITE_IDLE=bool(write_idle),
+        KDA=kda, BK=BK, NK=NK, BV=BV, LP=LP, WRITE_IDLE=bool(write_idle), X_FROM_KEYS=per_key and not write_x,
         num_warps=num_warps or cfg["num_warps"],
     )
     n_prog = flush_programs or cfg["flush_programs"] * num_sms(dev.type, dev.index)

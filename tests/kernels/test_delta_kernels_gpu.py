@@ -116,7 +116,11 @@ def test_replay_matches_reference_L(shape, dtypes, L):
 
 
 VARIANTS = {"bv32": dict(block_v=32, num_warps=4), "bv128-w8": dict(block_v=128, num_warps=8),
-            "ktiles": dict(block_k=64, flush_block_v=64), "one-launch": dict(one_launch=True)}
+            "ktiles": dict(block_k=64, flush_block_v=64), "one-launch": dict(one_launch=True),
+            "coef-per-key-head": dict(coef_per_key_head=True),
+            "coef-per-key-head-ktiles": dict(coef_per_key_head=True, block_k=64, coef_block_k=32),
+            "coef-per-value-head": dict(coef_per_key_head=False),
+            "coef-per-key-head-write-x": dict(coef_per_key_head=True, coef_write_x=True)}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
