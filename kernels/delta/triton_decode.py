@@ -67,6 +67,17 @@ SMALL_BATCH_MAX = 4
 
 
 @triton.jit
+def _key_tiles(q_base, sq_k, k_base, sk_k, kb_base, skb_l, skb_k, offs_k, mk, offs_l, inl):
+    """fp32 key-dim tile ``offs_k`` of k_c, of q, and of the ring keys transposed (BK, LP)
+    (slots bounded by L via ``inl``, not by the cursor: the caller selects stale ones away)."""
+    kv = tl.load(k_base + offs_k * sk_k, mask=mk, other=0.0).to(tl.float32)
+    qv = tl.load(q_base + offs_k * sq_k, mask=mk, other=0.0).to(tl.float32)
+    kw = tl.load(kb_base + offs_k[:, None] * skb_k + offs_l[None, :] * skb_l,
+                 mask=mk[:, None] & inl[None, :], other=0.0).to(tl.float32)
+    return kv, qv, kw
+
+
+@triton.jit
 def _delta_coef_kernel(
     q_ptr, k_ptr, g_ptr, kb_ptr, gb_ptr, cur_ptr, x_ptr, cw_ptr,
     sq_b, sq_h, sq_k,
@@ -114,10 +125,7 @@ def _delta_coef_kernel(
     for i_k in range(NK):
         offs_k = i_k * BK + tl.arange(0, BK)
         mk = offs_k < K
-        kv = tl.load(k_base + offs_k * sk_k, mask=mk, other=0.0).to(tl.float32)
-        qv = tl.load(q_base + offs_k * sq_k, mask=mk, other=0.0).to(tl.float32)
-        kw = tl.load(kb_base + offs_k[:, None] * skb_k + offs_l[None, :] * skb_l,
-                     mask=mk[:, None] & inl[None, :], other=0.0).to(tl.float32)  # (BK, LP) keys^T
+        kv, qv, kw = _key_tiles(q_base, sq_k, k_base, sk_k, kb_base, skb_l, skb_k, offs_k, mk, offs_l, inl)
         if KDA:
             gv = tl.load(g_base + offs_k * sg_k, mask=mk, other=0.0).to(tl.float32)
             gm = tl.load(gb_base + offs_k[:, None] * sgb_k + offs_l[None, :] * sgb_l,
@@ -159,7 +167,8 @@ def _gdn_coef_kernel(
     ``k_j . k_c`` and ``k_j . q`` are computed once for the GROUP value heads that share the
     key head; each value head then gets them weighted by its own decays. cw scratch
     (Bt, HV, 3, LP): [ck, cq, (k_c . q, exp(G_c), 0...)]; the output launch scales k_c and q
-    by exp(G_c) itself (no x scratch)."""
+    by exp(G_c) itself, unless WRITE_X: then this launch writes the x scratch (Bt, HV, 2, K)
+    [exp(G_c) k_c, exp(G_c) q] as ``_delta_coef_kernel`` does."""
     pid = tl.program_id(0)
     b = (pid // Hk).to(tl.int64)
     hk = pid % Hk
@@ -176,10 +185,7 @@ def _gdn_coef_kernel(
     for i_k in range(NK):
         offs_k = i_k * BK + tl.arange(0, BK)
         mk = offs_k < K
-        kv = tl.load(k_base + offs_k * sk_k, mask=mk, other=0.0).to(tl.float32)
-        qv = tl.load(q_base + offs_k * sq_k, mask=mk, other=0.0).to(tl.float32)
-        kw = tl.load(kb_base + offs_k[:, None] * skb_k + offs_l[None, :] * skb_l,
-                     mask=mk[:, None] & inl[None, :], other=0.0).to(tl.float32)  # (BK, LP) keys^T
+        kv, qv, kw = _key_tiles(q_base, sq_k, k_base, sk_k, kb_base, skb_l, skb_k, offs_k, mk, offs_l, inl)
         dk += tl.sum(kw * kv[:, None], axis=0)
         dq += tl.sum(kw * qv[:, None], axis=0)
         kq += kv * qv
@@ -194,10 +200,11 @@ def _gdn_coef_kernel(
         gh = tl.where(ml, gh, 0.0)
         gtot = tl.sum(gh, axis=0) + tl.load(g_ptr + b * sg_b + h * sg_h).to(tl.float32)
         w = tl.where(ml, tl.exp(gtot - tl.cumsum(gh, axis=0)), 0.0)
+        dsc = tl.exp(gtot)
         cw_base = cw_ptr + (b * HV + h) * 3 * LP
         tl.store(cw_base + offs_l, dk * w)
         tl.store(cw_base + LP + offs_l, dq * w)
-        tl.store(cw_base + 2 * LP + offs_l, tl.where(offs_l == 0, kqs, tl.where(offs_l == 1, tl.exp(gtot), 0.0)))
+        tl.store(cw_base + 2 * LP + offs_l, tl.where(offs_l == 0, kqs, tl.where(offs_l == 1, dsc, 0.0)))
         if WRITE_X:
             x_base = x_ptr + (b * HV + h) * 2 * K
             for i_k in range(NK):
@@ -205,8 +212,8 @@ def _gdn_coef_kernel(
                 mk = offs_k < K
                 kv = tl.load(k_base + offs_k * sk_k, mask=mk, other=0.0).to(tl.float32)
                 qv = tl.load(q_base + offs_k * sq_k, mask=mk, other=0.0).to(tl.float32)
-                tl.store(x_base + offs_k, tl.exp(gtot) * kv, mask=mk)
-                tl.store(x_base + K + offs_k, tl.exp(gtot) * qv, mask=mk)
+                tl.store(x_base + offs_k, dsc * kv, mask=mk)
+                tl.store(x_base + K + offs_k, dsc * qv, mask=mk)
 
 
 @triton.jit
