@@ -515,11 +515,15 @@ def delta_replay_decode_triton(
     LP = max(16, triton.next_power_of_2(L))
     NV, NVF = triton.cdiv(V, BV), triton.cdiv(V, BVF)
     dev = v.device
-    # one fp32 scratch allocation per call, viewed as: xs (Bt, HV, 2, K) [exp(G_c) k_c, exp(G_c) q],
-    # cw (Bt, HV, 3, LP) [ck, cq, k_c . q], uf (Bt, HV, V) u_c of flush rows
-    n_x, n_c = Bt * HV * 2 * K, Bt * HV * 3 * LP
+    # one fp32 scratch allocation per call, viewed as: xs (Bt, HV, 2, K) [exp(G_c) k_c, exp(G_c) q]
+    # (absent when the output launch scales k_c and q itself), cw (Bt, HV, 3, LP) [ck, cq,
+    # (k_c . q, exp(G_c) from the per-key-head launch)], uf (Bt, HV, V) u_c of flush rows
+    per_key = not kda and (cfg["coef_per_key_head"] if coef_per_key_head is None else bool(coef_per_key_head))
+    write_x = per_key and (cfg["coef_write_x"] if coef_write_x is None else bool(coef_write_x))
+    x_from_keys = per_key and not write_x  # then no launch touches the x scratch
+    n_x, n_c = (0 if x_from_keys else Bt * HV * 2 * K), Bt * HV * 3 * LP
     scratch = torch.empty(n_x + n_c + Bt * HV * V, dtype=torch.float32, device=dev)
-    xs = scratch[:n_x].view(Bt, HV, 2, K)
+    xs = scratch if x_from_keys else scratch[:n_x].view(Bt, HV, 2, K)
     cw = scratch[n_x:n_x + n_c].view(Bt, HV, 3, LP)
     uf = scratch[n_x + n_c:].view(Bt, HV, V)
     sq, sk, sv = q.stride(), k.stride(), v.stride()
@@ -528,8 +532,6 @@ def delta_replay_decode_triton(
     skb, sub, ss = k_buf.stride(), u_buf.stride(), state.stride()
     GROUP = HV // Hk
     BKC = max(16, min(coef_block_k or cfg["coef_block_k"], triton.next_power_of_2(K)))
-    per_key = not kda and (cfg["coef_per_key_head"] if coef_per_key_head is None else bool(coef_per_key_head))
-    write_x = per_key and (cfg["coef_write_x"] if coef_write_x is None else bool(coef_write_x))
     if per_key:
         _gdn_coef_kernel[(Bt * Hk,)](
             q, k, g, k_buf, g_buf, cursor, xs, cw, *sq, *sk, *g.stride(), *skb, *g_buf.stride()[:3], cursor.stride(0),
@@ -546,7 +548,7 @@ def delta_replay_decode_triton(
         q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, xs, cw, uf, out,
         *sq, *sk, *sv, *sg, *beta.stride(), *ss, *sub, *skb, *sgb, *out.stride(), cursor.stride(0),
         HV, GROUP, K, V, L, NV,
-        KDA=kda, BK=BK, NK=NK, BV=BV, LP=LP, WRITE_IDLE=bool(write_idle), X_FROM_KEYS=per_key and not write_x,
+        KDA=kda, BK=BK, NK=NK, BV=BV, LP=LP, WRITE_IDLE=bool(write_idle), X_FROM_KEYS=x_from_keys,
         num_warps=num_warps or cfg["num_warps"],
     )
     n_prog = flush_programs or cfg["flush_programs"] * num_sms(dev.type, dev.index)
