@@ -335,11 +335,14 @@ def sweep(dev, copy_bw, log, Bt=256, L=16):
         Bt = 2
 
     # output-launch shapes (columns per program, warps): the key-dim reduction crosses warps, so
-    # fewer warps per program can win, most of all with 16-bit checkpoints; and (not yet measured)
-    # flush items of 2 warps
+    # fewer warps per program can win, most of all with 16-bit checkpoints; flush items of 2 warps
+    # (within 1% on the H200, results/delta_launch_variants_h200_2026-12-01.md); for Gated
+    # DeltaNet, the coefficient launch per value head instead of per key head, and per key head
+    # with / without the x scratch
     base = [{}, dict(num_warps=2), dict(num_warps=1), dict(block_v=16, num_warps=1), dict(block_v=16, num_warps=2),
             dict(block_v=64, num_warps=2), dict(flush_warps=2), dict(flush_warps=2, flush_block_v=32)]
-    variants = {gdn: base, kda: base}
+    coef = [dict(coef_per_key_head=False), dict(coef_write_x=True), dict(coef_write_x=False)]
+    variants = {gdn: base + coef, kda: base}
     rows, best = [], {}
     for shape, cfgs in variants.items():
         kind = "kda" if SHAPES[shape][4] else "gdn"
