@@ -78,6 +78,16 @@ def _key_tiles(q_base, sq_k, k_base, sk_k, kb_base, skb_l, skb_k, offs_k, mk, of
 
 
 @triton.jit
+def _gdn_decay_window(gb_row, sgb_l, g_cur, offs_l, ml, inl):
+    """Gated DeltaNet decays of one (row, value head): (w (LP,) = exp(G_c - G_j) over the ring
+    slots ``ml``, zero elsewhere; exp(G_c)), from its gate ring row and current gate."""
+    gh = tl.load(gb_row + offs_l * sgb_l, mask=inl, other=0.0).to(tl.float32)
+    gh = tl.where(ml, gh, 0.0)
+    gtot = tl.sum(gh, axis=0) + tl.load(g_cur).to(tl.float32)
+    return tl.where(ml, tl.exp(gtot - tl.cumsum(gh, axis=0)), 0.0), tl.exp(gtot)
+
+
+@triton.jit
 def _delta_coef_kernel(
     q_ptr, k_ptr, g_ptr, kb_ptr, gb_ptr, cur_ptr, x_ptr, cw_ptr,
     sq_b, sq_h, sq_k,
@@ -113,12 +123,7 @@ def _delta_coef_kernel(
     # >= c (stale, or NaN in the tests) are selected away before anything mixes entries.
     inl = offs_l < L
     if not KDA:
-        gh = tl.load(gb_base + offs_l * sgb_l, mask=inl, other=0.0).to(tl.float32)
-        gh = tl.where(ml, gh, 0.0)
-        gcum = tl.cumsum(gh, axis=0)
-        gtot = tl.sum(gh, axis=0) + tl.load(g_base).to(tl.float32)
-        w = tl.where(ml, tl.exp(gtot - gcum), 0.0)
-        dsc = tl.exp(gtot)
+        w, dsc = _gdn_decay_window(gb_base, sgb_l, g_base, offs_l, ml, inl)
     ck = tl.zeros([LP], dtype=tl.float32)
     cq = tl.zeros([LP], dtype=tl.float32)
     kq = tl.zeros([BK], dtype=tl.float32)
@@ -196,11 +201,8 @@ def _gdn_coef_kernel(
     HV = Hk * GROUP
     for j in range(GROUP):
         h = hk * GROUP + j
-        gh = tl.load(gb_ptr + b * sgb_b + h * sgb_h + offs_l * sgb_l, mask=inl, other=0.0).to(tl.float32)
-        gh = tl.where(ml, gh, 0.0)
-        gtot = tl.sum(gh, axis=0) + tl.load(g_ptr + b * sg_b + h * sg_h).to(tl.float32)
-        w = tl.where(ml, tl.exp(gtot - tl.cumsum(gh, axis=0)), 0.0)
-        dsc = tl.exp(gtot)
+        w, dsc = _gdn_decay_window(gb_ptr + b * sgb_b + h * sgb_h, sgb_l, g_ptr + b * sg_b + h * sg_h, offs_l, ml,
+                                   inl)
         cw_base = cw_ptr + (b * HV + h) * 3 * LP
         tl.store(cw_base + offs_l, dk * w)
         tl.store(cw_base + LP + offs_l, dq * w)

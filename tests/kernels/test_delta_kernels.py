@@ -84,7 +84,7 @@ CASES = [
     ("gdn-L1-coef-per-key-head", 2, 4, 20, 24, 1, False, dict(coef_per_key_head=True)),
     ("gdn-L3-coef-per-key-head-ktiles", 1, 2, 40, 24, 3, False, dict(coef_per_key_head=True, block_k=16,
                                                                       coef_block_k=16)),
-    ("gdn-gva-L4-coef-per-head", 2, 4, 20, 24, 4, False, dict(coef_per_key_head=False)),
+    ("gdn-gva-L4-coef-per-value-head", 2, 4, 20, 24, 4, False, dict(coef_per_key_head=False)),
     ("gdn-gva-L4-coef-per-key-head-write-x", 2, 4, 20, 24, 4, False, dict(coef_per_key_head=True, coef_write_x=True)),
 ]
 
