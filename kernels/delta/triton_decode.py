@@ -33,16 +33,18 @@ CUDA graph):
    found on the device from the cursors, so a step without flushes costs one small load
    per program and flush work spreads over the whole GPU however many rows flush. Each
    item rebuilds ``A + k_c u_c^T`` with a matrix product of the decay-weighted cached keys
-   and the buffered u's (``tf32x3`` for fp32 operands: plain tf32 drifts ~1e-2) plus the
-   current token's rank-1 term in fp32, and stores it as the new checkpoint, rounded once.
+   and the buffered u's (``tf32x3`` for fp32 operands: plain tf32 drifts ~1e-2; for Gated
+   DeltaNet with a bf16 key ring, three bf16 products against a three-term bf16 split of the
+   weighted u's, which is faster and as exact) plus the current token's rank-1 term in fp32,
+   and stores it as the new checkpoint, rounded once.
 4. ``cursor <- (cursor + 1) % L`` on active rows (after every program has read it).
 
 Rows with a negative cursor are idle: nothing of theirs is written (``out`` keeps its
 contents, or gets zeros when the caller asked for a fresh output); their checkpoint tile
 and ring are loaded and discarded, because the loads are issued before the cursor is
 known. Ring slots ``>= c`` never reach a result: loads are bounded by L and the stale
-slots are selected away (NaN there is harmless). The interpreter runs the dot with
-``"ieee"`` precision.
+slots are selected away (NaN there is harmless). The interpreter runs the flush product
+with ``"ieee"`` precision and fp32 operands (its bf16 ``tl.dot`` is not trusted).
 """
 
 from __future__ import annotations
@@ -342,12 +344,17 @@ def _delta_flush_kernel(
     sc_b,
     row0, n_rows, HV, GROUP, K, V, L, NV,
     KDA: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr,
-    BB: tl.constexpr, DOT_PREC: tl.constexpr,
+    BB: tl.constexpr, DOT_PREC: tl.constexpr, BF16_SPLIT: tl.constexpr,
 ):
     """Persistent: the programs share the work items (flush row, value head, column block)
     of the rows ``row0 .. row0 + n_rows - 1`` whose cursor is ``L - 1``, found on the device
     from the cursors (a prefix count), so a step without flush rows costs one small load
-    per program and flush work spreads over every program whether 1 row or all flush."""
+    per program and flush work spreads over every program whether 1 row or all flush.
+
+    BF16_SPLIT (Gated DeltaNet, bf16 key ring): the buffered terms are three bf16 tensor-core
+    products of the ring keys (exact in bf16) with a three-term bf16 split of the decay-weighted
+    u's (hi + mid + lo carry 24 significant bits), instead of a ``DOT_PREC`` product of fp32
+    operands."""
     csum, n_flush = flush_row_prefix(cur_ptr, sc_b, row0, n_rows, L, BB)
     per_row = HV * NV
     total = n_flush * per_row
@@ -377,6 +384,11 @@ def _delta_flush_kernel(
             gtot = tl.sum(gh, axis=0) + tl.load(g_base).to(tl.float32)
             ub = ub * tl.where(ml, tl.exp(gtot - gcum), 0.0)[:, None]
             dsc = tl.exp(gtot)
+            if BF16_SPLIT:
+                u_hi = ub.to(tl.bfloat16)
+                u_rest = ub - u_hi.to(tl.float32)
+                u_mid = u_rest.to(tl.bfloat16)
+                u_lo = (u_rest - u_mid.to(tl.float32)).to(tl.bfloat16)
         for i_k in range(NK):
             offs_k = i_k * BK + tl.arange(0, BK)
             mk = offs_k < K
@@ -384,7 +396,9 @@ def _delta_flush_kernel(
             s0 = tl.load(s_base + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v, mask=m2, other=0.0).to(tl.float32)
             kc = tl.load(k_ptr + b * sk_b + hk * sk_h + offs_k * sk_k, mask=mk, other=0.0).to(tl.float32)
             kw = tl.load(kb_base + offs_k[:, None] * skb_k + offs_l[None, :] * skb_l,
-                         mask=mk[:, None] & ml[None, :], other=0.0).to(tl.float32)  # (BK, LP)
+                         mask=mk[:, None] & ml[None, :], other=0.0)  # (BK, LP), ring dtype
+            if not BF16_SPLIT:
+                kw = kw.to(tl.float32)
             if KDA:
                 gv = tl.load(g_base + offs_k * sg_k, mask=mk, other=0.0).to(tl.float32)
                 gm = tl.load(gb_base + offs_k[:, None] * sgb_k + offs_l[None, :] * sgb_l,
@@ -394,7 +408,12 @@ def _delta_flush_kernel(
                 acc = s0 * tl.exp(gt)[:, None]
             else:
                 acc = s0 * dsc
-            acc += tl.dot(kw, ub, input_precision=DOT_PREC)
+            if BF16_SPLIT:
+                acc = tl.dot(kw, u_hi, acc)
+                acc = tl.dot(kw, u_mid, acc)
+                acc = tl.dot(kw, u_lo, acc)
+            else:
+                acc += tl.dot(kw, ub, input_precision=DOT_PREC)
             acc += kc[:, None] * uc[None, :]
             tl.store(s_base + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v, acc.to(s_ptr.dtype.element_ty),
                      mask=m2)
@@ -425,7 +444,7 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
     if bk >= 256:
         return dict(block_v=32, num_warps=8, block_k=bk, flush_block_v=16, flush_warps=8, flush_programs=4,
                     flush_stages=2, coef_block_k=64, coef_warps=1,
-                    coef_per_key_head=False, coef_write_x=True)
+                    coef_per_key_head=False, coef_write_x=True, flush_bf16_split=False)
     # H200, batch 256, L=16 (examples/benchmarks/results/delta_h200_2026-11-30_r4*): output
     # programs of 1-2 warps, because the key-dim reduction crosses warps (4 warps: 16-bit
     # checkpoints 1.46-1.53x slower, fp32 1.03-1.06x); flush items of 64 columns with a
@@ -435,13 +454,18 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
     # bf16 checkpoints 1.05x (Qwen3.5-4B) / 1.07x (122B) with the output launch scaling k_c and
     # q itself; fp32 checkpoints 1.01x / 1.02x only when the coefficient launch writes them
     # scaled, 0.92-0.94x otherwise; examples/benchmarks/results/delta_launch_variants_h200_2026-12-01.md).
+    # Gated DeltaNet flush with bf16 key rings: three bf16 tensor-core products instead of one
+    # tf32x3 product (stand-alone flush launch, every row flushing, batch 256: Qwen3.5-4B fp32
+    # 368 vs 416 µs; bf16 checkpoints with 128-column items on 2 programs per multiprocessor
+    # 220 vs 326 µs; examples/benchmarks/results/delta_flush_products_h200_2026-12-01.md).
     if state_dtype.itemsize == 2:
         block_v, warps = 32, 1
     else:
         block_v, warps = (32, 2) if kda else (64, 2)
-    return dict(block_v=block_v, num_warps=warps, block_k=bk, flush_block_v=64, flush_warps=4, flush_programs=4,
-                flush_stages=2, coef_block_k=128, coef_warps=1, coef_per_key_head=not kda,
-                coef_write_x=state_dtype.itemsize == 4)
+    split_16 = not kda and state_dtype.itemsize == 2
+    return dict(block_v=block_v, num_warps=warps, block_k=bk, flush_block_v=128 if split_16 else 64, flush_warps=4,
+                flush_programs=2 if split_16 else 4, flush_stages=2, coef_block_k=128, coef_warps=1,
+                coef_per_key_head=not kda, coef_write_x=state_dtype.itemsize == 4, flush_bf16_split=not kda)
 
 
 def delta_replay_decode_triton(
@@ -470,6 +494,7 @@ def delta_replay_decode_triton(
     one_launch: bool | None = None,
     coef_per_key_head: bool | None = None,
     coef_write_x: bool | None = None,
+    flush_bf16_split: bool | None = None,
 ) -> torch.Tensor:
     """Triton version of ``delta_replay_decode_reference`` (same arguments and result).
 
@@ -483,7 +508,10 @@ def delta_replay_decode_triton(
     and warps of the coefficient launch), ``coef_per_key_head`` (Gated DeltaNet: one
     coefficient program per key head, shared by its value heads) and ``coef_write_x`` (with
     it: that launch also writes the decay-scaled k_c and q for the output launch, which
-    otherwise scales them itself). Defaults: ``default_config``. ``one_launch``: run
+    otherwise scales them itself), ``flush_bf16_split`` (Gated DeltaNet flush: bf16 products of
+    the bf16 ring keys and a three-term split of the weighted u's instead of tf32x3; used only
+    with a bf16 key ring and never under the interpreter). Defaults: ``default_config``.
+    ``one_launch``: run
     the small-batch kernel of ``triton_small_batch.py`` instead (K <= 256; with
     ``one_launch=True`` its knobs are ``block_v`` and ``num_warps``); by default it runs, with
     its own launch defaults, for batches of at most ``SMALL_BATCH_MAX`` rows.
@@ -554,13 +582,16 @@ def delta_replay_decode_triton(
         num_warps=num_warps or cfg["num_warps"],
     )
     n_prog = flush_programs or cfg["flush_programs"] * num_sms(dev.type, dev.index)
+    interp = triton_interpreter_on()
+    bf16_split = (not kda and k_buf.dtype == torch.bfloat16 and not interp
+                  and bool(cfg["flush_bf16_split"] if flush_bf16_split is None else flush_bf16_split))
     for row0, n_rows, BB in flush_row_chunks(Bt):
         _delta_flush_kernel[(max(1, min(n_prog, n_rows * HV * NVF)),)](
             k, g, state, u_buf, k_buf, g_buf, cursor, uf,
             *sk, *sg, *ss, *sub, *skb, *sgb, cursor.stride(0),
             row0, n_rows, HV, GROUP, K, V, L, NVF,
             KDA=kda, BK=BK, NK=NK, BV=BVF, LP=LP, BB=BB,
-            DOT_PREC="ieee" if triton_interpreter_on() else "tf32x3",
+            DOT_PREC="ieee" if interp else "tf32x3", BF16_SPLIT=bf16_split,
             num_warps=flush_warps or cfg["flush_warps"], num_stages=flush_stages or cfg["flush_stages"],
         )
     advance_cursor_triton(cursor, L)
