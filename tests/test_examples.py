@@ -52,3 +52,16 @@ def test_mamba2_benchmark_smoke_run(tmp_path):
     for r in data["results"]:
         assert r["replay_L4_us"] > 0 and r["step_us"] > 0 and r["hf_us"] > 0 and r["replay_L4_floor_us"] > 0
     assert "smoke" in (tmp_path / "mamba2_bench.md").read_text()
+
+
+def test_bandwidth_ceilings_without_cuda_exits_with_one_line(tmp_path):
+    """examples/benchmarks/bandwidth_ceilings.py needs CUDA: without it, a one-line error, a
+    non-zero exit and nothing written."""
+    import os
+
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "benchmarks" / "bandwidth_ceilings.py"), "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode != 0
+    assert proc.stderr.strip() == "bandwidth_ceilings.py needs a CUDA device"
+    assert not (tmp_path / "out").exists()

@@ -86,6 +86,9 @@ CASES = [
                                                                       coef_block_k=16)),
     ("gdn-gva-L4-coef-per-value-head", 2, 4, 20, 24, 4, False, dict(coef_per_key_head=False)),
     ("gdn-gva-L4-coef-per-key-head-write-x", 2, 4, 20, 24, 4, False, dict(coef_per_key_head=True, coef_write_x=True)),
+    # the bf16 split flush products never run under the interpreter (its bf16 tl.dot is not trusted): asking for
+    # them there runs the fp32 product
+    ("gdn-gva-L4-flush-bf16-split-asked", 2, 4, 20, 24, 4, False, dict(flush_bf16_split=True)),
 ]
 
 
