@@ -462,7 +462,7 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
         block_v, warps = 32, 1
     else:
         block_v, warps = (32, 2) if kda else (64, 2)
-    split_16 = not kda and state_dtype.itemsize == 2
+    split_16 = not kda and state_dtype.itemsize == 2  # 128-column flush items were timed with the split products
     return dict(block_v=block_v, num_warps=warps, block_k=bk, flush_block_v=128 if split_16 else 64, flush_warps=4,
                 flush_programs=2 if split_16 else 4, flush_stages=2, coef_block_k=128, coef_warps=1,
                 coef_per_key_head=not kda, coef_write_x=state_dtype.itemsize == 4, flush_bf16_split=not kda)
@@ -506,13 +506,12 @@ def delta_replay_decode_triton(
     launch; default a few per multiprocessor), ``flush_stages`` (software-pipelining
     stages of its loop over work items), ``coef_block_k`` / ``coef_warps`` (key-dim tile
     and warps of the coefficient launch), ``coef_per_key_head`` (Gated DeltaNet: one
-    coefficient program per key head, shared by its value heads) and ``coef_write_x`` (with
+    coefficient program per key head, shared by its value heads), ``coef_write_x`` (with
     it: that launch also writes the decay-scaled k_c and q for the output launch, which
-    otherwise scales them itself), ``flush_bf16_split`` (Gated DeltaNet flush: bf16 products of
+    otherwise scales them itself) and ``flush_bf16_split`` (Gated DeltaNet flush: bf16 products of
     the bf16 ring keys and a three-term split of the weighted u's instead of tf32x3; used only
     with a bf16 key ring and never under the interpreter). Defaults: ``default_config``.
-    ``one_launch``: run
-    the small-batch kernel of ``triton_small_batch.py`` instead (K <= 256; with
+    ``one_launch``: run the small-batch kernel of ``triton_small_batch.py`` instead (K <= 256; with
     ``one_launch=True`` its knobs are ``block_v`` and ``num_warps``); by default it runs, with
     its own launch defaults, for batches of at most ``SMALL_BATCH_MAX`` rows.
     """
