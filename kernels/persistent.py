@@ -9,7 +9,6 @@ No host decision depends on the cursors, so the launch can be captured in a CUDA
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
@@ -37,23 +36,3 @@ def flush_row_chunks(n_rows_total: int):
     for row0 in range(0, n_rows_total, FLUSH_ROWS):
         n = min(FLUSH_ROWS, n_rows_total - row0)
         yield row0, n, max(16, triton.next_power_of_2(n))
-
-
-_COUNTERS: dict = {}
-_COUNTER_KEEP: list = []  # never freed: a captured CUDA graph may still point at an old one
-
-
-def arrival_counters(device: torch.device, n: int, name: str = "rows") -> torch.Tensor:
-    """At least ``n`` zeroed int32 arrival counters on ``device``, one buffer per ``name``.
-
-    Every launch that counts arrivals leaves them at zero again, so the buffer is shared by
-    all calls on the device; calls on concurrent streams must not overlap.
-    """
-    key = (name, device.type, device.index)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        size = max(4096, triton.next_power_of_2(n))
-        buf = torch.zeros(size, dtype=torch.int32, device=device)
-        _COUNTERS[key] = buf
-        _COUNTER_KEEP.append(buf)
-    return buf

@@ -37,9 +37,7 @@ CUDA graph):
    DeltaNet with a bf16 key ring, three bf16 products against a three-term bf16 split of the
    weighted u's, which is faster and as exact) plus the current token's rank-1 term in fp32,
    and stores it as the new checkpoint, rounded once.
-4. ``cursor <- (cursor + 1) % L`` on active rows, after every program has read it: by
-   default the flush launch's last program does it (an arrival counter); with
-   ``advance="kernel"`` a separate small launch.
+4. ``cursor <- (cursor + 1) % L`` on active rows (after every program has read it).
 
 Rows with a negative cursor are idle: nothing of theirs is written (``out`` keeps its
 contents, or gets zeros when the caller asked for a fresh output); their checkpoint tile
@@ -58,7 +56,7 @@ import triton
 import triton.language as tl
 
 from ..backend import num_sms, triton_interpreter_on
-from ..persistent import arrival_counters, flush_row_chunks, flush_row_prefix, nth_flush_row
+from ..persistent import flush_row_chunks, flush_row_prefix, nth_flush_row
 from .reference import _check_shapes
 
 __all__ = ["delta_replay_decode_triton", "advance_cursor_triton", "SMALL_BATCH_MAX"]
@@ -336,7 +334,7 @@ def _delta_output_kernel(
 
 @triton.jit
 def _delta_flush_kernel(
-    k_ptr, g_ptr, s_ptr, ub_ptr, kb_ptr, gb_ptr, cur_ptr, uf_ptr, cnt_ptr,
+    k_ptr, g_ptr, s_ptr, ub_ptr, kb_ptr, gb_ptr, cur_ptr, uf_ptr,
     sk_b, sk_h, sk_k,
     sg_b, sg_h, sg_k,
     ss_b, ss_h, ss_k, ss_v,
@@ -346,7 +344,7 @@ def _delta_flush_kernel(
     sc_b,
     row0, n_rows, HV, GROUP, K, V, L, NV,
     KDA: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr,
-    BB: tl.constexpr, DOT_PREC: tl.constexpr, BF16_SPLIT: tl.constexpr, ADVANCE: tl.constexpr,
+    BB: tl.constexpr, DOT_PREC: tl.constexpr, BF16_SPLIT: tl.constexpr,
 ):
     """Persistent: the programs share the work items (flush row, value head, column block)
     of the rows ``row0 .. row0 + n_rows - 1`` whose cursor is ``L - 1``, found on the device
@@ -356,12 +354,7 @@ def _delta_flush_kernel(
     BF16_SPLIT (Gated DeltaNet, bf16 key ring): the buffered terms are three bf16 tensor-core
     products of the ring keys (exact in bf16) with a three-term bf16 split of the decay-weighted
     u's (hi + mid + lo carry 24 significant bits), instead of a ``DOT_PREC`` product of fp32
-    operands.
-
-    ADVANCE: the launch also advances the cursors of its rows. Each program arrives at the
-    counter ``cnt_ptr`` (acq_rel, after a CTA barrier) once it is done, its cursor reads
-    behind it; the last one to arrive writes ``(c + 1) % L`` on the active rows and resets
-    the counter to zero."""
+    operands."""
     csum, n_flush = flush_row_prefix(cur_ptr, sc_b, row0, n_rows, L, BB)
     per_row = HV * NV
     total = n_flush * per_row
@@ -424,15 +417,6 @@ def _delta_flush_kernel(
             acc += kc[:, None] * uc[None, :]
             tl.store(s_base + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v, acc.to(s_ptr.dtype.element_ty),
                      mask=m2)
-    if ADVANCE:
-        tl.debug_barrier()
-        arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel")
-        if arrived == tl.num_programs(0) - 1:
-            offs_r = tl.arange(0, BB)
-            mr = offs_r < n_rows
-            cv = tl.load(cur_ptr + (row0 + offs_r) * sc_b, mask=mr, other=-1)
-            tl.store(cur_ptr + (row0 + offs_r) * sc_b, tl.where(cv >= 0, (cv + 1) % L, cv), mask=mr)
-            tl.atomic_xchg(cnt_ptr, 0, sem="relaxed")
 
 
 @triton.jit
@@ -460,7 +444,7 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
     if bk >= 256:
         return dict(block_v=32, num_warps=8, block_k=bk, flush_block_v=16, flush_warps=8, flush_programs=4,
                     flush_stages=2, coef_block_k=64, coef_warps=1,
-                    coef_per_key_head=False, coef_write_x=True, flush_bf16_split=False, advance="atomic")
+                    coef_per_key_head=False, coef_write_x=True, flush_bf16_split=False)
     # H200, batch 256, L=16 (examples/benchmarks/results/delta_h200_2026-11-30_r4*): output
     # programs of 1-2 warps, because the key-dim reduction crosses warps (4 warps: 16-bit
     # checkpoints 1.46-1.53x slower, fp32 1.03-1.06x); flush items of 64 columns with a
@@ -481,8 +465,7 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
     split_16 = not kda and state_dtype.itemsize == 2  # 128-column flush items were timed with the split products
     return dict(block_v=block_v, num_warps=warps, block_k=bk, flush_block_v=128 if split_16 else 64, flush_warps=4,
                 flush_programs=2 if split_16 else 4, flush_stages=2, coef_block_k=128, coef_warps=1,
-                coef_per_key_head=not kda, coef_write_x=state_dtype.itemsize == 4, flush_bf16_split=not kda,
-                advance="atomic")
+                coef_per_key_head=not kda, coef_write_x=state_dtype.itemsize == 4, flush_bf16_split=not kda)
 
 
 def delta_replay_decode_triton(
@@ -512,7 +495,6 @@ def delta_replay_decode_triton(
     coef_per_key_head: bool | None = None,
     coef_write_x: bool | None = None,
     flush_bf16_split: bool | None = None,
-    advance: str | None = None,
 ) -> torch.Tensor:
     """Triton version of ``delta_replay_decode_reference`` (same arguments and result).
 
@@ -528,9 +510,7 @@ def delta_replay_decode_triton(
     it: that launch also writes the decay-scaled k_c and q for the output launch, which
     otherwise scales them itself) and ``flush_bf16_split`` (Gated DeltaNet flush: bf16 products of
     the bf16 ring keys and a three-term split of the weighted u's instead of tf32x3; used only
-    with a bf16 key ring and never under the interpreter); ``advance``: ``"atomic"`` (the
-    flush launch advances the cursors) or ``"kernel"`` (a separate launch). Defaults:
-    ``default_config``.
+    with a bf16 key ring and never under the interpreter). Defaults: ``default_config``.
     ``one_launch``: run the small-batch kernel of ``triton_small_batch.py`` instead (K <= 256; with
     ``one_launch=True`` its knobs are ``block_v`` and ``num_warps``); by default it runs, with
     its own launch defaults, for batches of at most ``SMALL_BATCH_MAX`` rows.
@@ -538,8 +518,6 @@ def delta_replay_decode_triton(
     Bt, HV, Hk, L, K, V = _check_shapes(q, k, v, g, beta, state, u_buf, k_buf, g_buf)
     if cursor.dtype != torch.int32 or tuple(cursor.shape) != (Bt,):
         raise ValueError("cursor must be a (Bt,) int32 tensor")
-    if advance not in (None, "atomic", "kernel"):
-        raise ValueError(f"advance must be 'atomic' or 'kernel'; got {advance!r}")
     kda = g.dim() == 3
     if write_idle is None:
         write_idle = out is None
@@ -606,17 +584,14 @@ def delta_replay_decode_triton(
     interp = triton_interpreter_on()
     bf16_split = (not kda and k_buf.dtype == torch.bfloat16 and not interp
                   and bool(cfg["flush_bf16_split"] if flush_bf16_split is None else flush_bf16_split))
-    in_flush = (advance or cfg["advance"]) == "atomic"
-    cnt = arrival_counters(dev, 1, "delta-flush") if in_flush else cursor
     for row0, n_rows, BB in flush_row_chunks(Bt):
         _delta_flush_kernel[(max(1, min(n_prog, n_rows * HV * NVF)),)](
-            k, g, state, u_buf, k_buf, g_buf, cursor, uf, cnt,
+            k, g, state, u_buf, k_buf, g_buf, cursor, uf,
             *sk, *sg, *ss, *sub, *skb, *sgb, cursor.stride(0),
             row0, n_rows, HV, GROUP, K, V, L, NVF,
             KDA=kda, BK=BK, NK=NK, BV=BVF, LP=LP, BB=BB,
-            DOT_PREC="ieee" if interp else "tf32x3", BF16_SPLIT=bf16_split, ADVANCE=in_flush,
+            DOT_PREC="ieee" if interp else "tf32x3", BF16_SPLIT=bf16_split,
             num_warps=flush_warps or cfg["flush_warps"], num_stages=flush_stages or cfg["flush_stages"],
         )
-    if not in_flush:
-        advance_cursor_triton(cursor, L)
+    advance_cursor_triton(cursor, L)
     return out

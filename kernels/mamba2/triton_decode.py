@@ -51,7 +51,7 @@ import triton
 import triton.language as tl
 
 from ..backend import num_sms
-from ..persistent import arrival_counters, flush_row_chunks, flush_row_prefix, nth_flush_row
+from ..persistent import flush_row_chunks, flush_row_prefix, nth_flush_row
 
 __all__ = ["mamba2_replay_decode_triton", "launch_mamba2_replay_decode", "make_replay_config", "replay_config"]
 
@@ -511,6 +511,24 @@ def _advance_cursor_kernel(cursor_ptr, n, s_cur, L, BLOCK: tl.constexpr):
 
 # ----------------------------------------------------------------------------- host side
 
+_COUNTERS: dict = {}
+_COUNTER_KEEP: list = []  # never freed: a captured CUDA graph may still point at an old one
+
+
+def _arrival_counter(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 per-row arrival counters on ``device`` (left at zero by every launch).
+
+    Shared by all calls on the device; calls on concurrent streams must not overlap.
+    """
+    key = (device.type, device.index)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        size = max(4096, triton.next_power_of_2(n))
+        buf = torch.zeros(size, dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+        _COUNTER_KEEP.append(buf)
+    return buf
+
 
 def _pow2(v: int) -> int:
     return triton.next_power_of_2(max(1, int(v)))
@@ -630,7 +648,7 @@ def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor
     lowp = state.element_size() == 2 and x_buf.element_size() == 2 and x_buf.dtype == B_buf.dtype
     prec = cfg.get("dot_precision") or ("ieee" if interp else "tf32x3")
     HPG = H // G
-    cnt = arrival_counters(x.device, Bt) if advance == "atomic" else cursor
+    cnt = _arrival_counter(x.device, Bt) if advance == "atomic" else cursor
     adv = advance == "atomic"
     # arguments shared by both kernels (optional tensors replaced by x, with zero strides)
     tensors = (x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias if dt_bias is not None else x,

@@ -89,7 +89,6 @@ CASES = [
     # the bf16 split flush products never run under the interpreter (its bf16 tl.dot is not trusted): asking for
     # them there runs the fp32 product
     ("gdn-gva-L4-flush-bf16-split-asked", 2, 4, 20, 24, 4, False, dict(flush_bf16_split=True)),
-    ("kda-L4-advance-kernel", 2, 2, 20, 24, 4, True, dict(advance="kernel")),  # separate cursor-advance launch
 ]
 
 
@@ -99,26 +98,6 @@ def test_flush_rows_split_over_several_launches(monkeypatch):
 
     monkeypatch.setattr(persistent, "FLUSH_ROWS", 2)
     test_replay_kernel_matches_reference(("gdn-L3-chunked", 1, 2, 16, 16, 3, False, dict(flush_programs=1)))
-
-
-def test_arrival_counter_left_at_zero_and_bad_advance_rejected():
-    """The flush launch's arrival counter is back at zero after a step (with and without a
-    flushing row); an unknown ``advance`` is refused before anything is written."""
-    from replayssm.kernels.persistent import arrival_counters
-
-    Hk, HV, K, V, L, Bt = 1, 2, 16, 16, 3, 3
-    gen = torch.Generator().manual_seed(11)
-    for c0 in ([0, 1, -1], [2, 2, 0]):
-        ker = _setup(gen, Bt, Hk, HV, K, V, L, False, c0)
-        x = _token(gen, Bt, Hk, HV, K, V, False)
-        delta_replay_decode_triton(*x, *ker, one_launch=False)
-        assert arrival_counters(torch.device(DEV), 1, "delta-flush")[0].item() == 0
-        assert ker[4].tolist() == [(c + 1) % L if c >= 0 else c for c in c0]
-    before = [t.clone() for t in ker]
-    with pytest.raises(ValueError, match="advance must be"):
-        delta_replay_decode_triton(*x, *ker, one_launch=False, advance="never")
-    for a, b in zip(ker, before):
-        assert torch.equal(a.nan_to_num(), b.nan_to_num())
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
