@@ -41,9 +41,10 @@ CUDA graph):
 
 Rows with a negative cursor are idle: nothing of theirs is written (``out`` keeps its
 contents, or gets zeros when the caller asked for a fresh output); their checkpoint tile
-and ring are loaded and discarded, because the loads are issued before the cursor is
-known. Ring slots ``>= c`` never reach a result: loads are bounded by L and the stale
-slots are selected away (NaN there is harmless). The interpreter runs the flush product
+is loaded and discarded, because that load is issued before the cursor is known. The ring
+loads wait for the cursor and read only the ``c`` valid slots (``ring_by_cursor``, the
+default; without it they are bounded by L and issued early); either way stale slots are
+selected away before anything mixes entries (NaN there is harmless). The interpreter runs the flush product
 with ``"ieee"`` precision and fp32 operands (its bf16 ``tl.dot`` is not trusted).
 """
 
@@ -71,7 +72,7 @@ SMALL_BATCH_MAX = 4
 @triton.jit
 def _key_tiles(q_base, sq_k, k_base, sk_k, kb_base, skb_l, skb_k, offs_k, mk, offs_l, inl):
     """fp32 key-dim tile ``offs_k`` of k_c, of q, and of the ring keys transposed (BK, LP)
-    (slots bounded by L via ``inl``, not by the cursor: the caller selects stale ones away)."""
+    (slots bounded by ``inl``: the cursor or L; the caller selects stale ones away)."""
     kv = tl.load(k_base + offs_k * sk_k, mask=mk, other=0.0).to(tl.float32)
     qv = tl.load(q_base + offs_k * sq_k, mask=mk, other=0.0).to(tl.float32)
     kw = tl.load(kb_base + offs_k[:, None] * skb_k + offs_l[None, :] * skb_l,
@@ -99,7 +100,7 @@ def _delta_coef_kernel(
     sgb_b, sgb_h, sgb_l, sgb_k,
     sc_b,
     HV, GROUP, K, L,
-    KDA: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, LP: tl.constexpr,
+    KDA: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, LP: tl.constexpr, RING_BY_CURSOR: tl.constexpr,
 ):
     """x scratch (Bt, HV, 2, K): [xk, xq]; cw scratch (Bt, HV, 3, LP): [ck, cq, (k_c . q, 0...)].
 
@@ -121,9 +122,10 @@ def _delta_coef_kernel(
     x_base = x_ptr + pid.to(tl.int64) * 2 * K
     cw_base = cw_ptr + pid.to(tl.int64) * 3 * LP
 
-    # Ring loads are bounded by L, not by the cursor, so they need not wait for it; slots
-    # >= c (stale, or NaN in the tests) are selected away before anything mixes entries.
-    inl = offs_l < L
+    # Ring loads bounded by the cursor (RING_BY_CURSOR: fewer bytes, the loads wait for it) or
+    # by L (issued at once); slots >= c (stale, or NaN in the tests) are selected away before
+    # anything mixes entries.
+    inl = ml if RING_BY_CURSOR else offs_l < L
     if not KDA:
         w, dsc = _gdn_decay_window(gb_base, sgb_l, g_base, offs_l, ml, inl)
     ck = tl.zeros([LP], dtype=tl.float32)
@@ -168,7 +170,7 @@ def _gdn_coef_kernel(
     sgb_b, sgb_h, sgb_l,
     sc_b,
     Hk, GROUP, K, L,
-    BK: tl.constexpr, NK: tl.constexpr, LP: tl.constexpr, WRITE_X: tl.constexpr,
+    BK: tl.constexpr, NK: tl.constexpr, LP: tl.constexpr, WRITE_X: tl.constexpr, RING_BY_CURSOR: tl.constexpr,
 ):
     """Gated DeltaNet coefficients, one program per (row, key head): the ring-key products
     ``k_j . k_c`` and ``k_j . q`` are computed once for the GROUP value heads that share the
@@ -182,7 +184,7 @@ def _gdn_coef_kernel(
     c = tl.load(cur_ptr + b * sc_b)
     offs_l = tl.arange(0, LP)
     ml = offs_l < c
-    inl = offs_l < L
+    inl = ml if RING_BY_CURSOR else offs_l < L
     q_base = q_ptr + b * sq_b + hk * sq_h
     k_base = k_ptr + b * sk_b + hk * sk_h
     kb_base = kb_ptr + b * skb_b + hk * skb_h
@@ -246,10 +248,11 @@ def _delta_output_kernel(
     sc_b,
     HV, GROUP, K, V, L, NV,
     KDA: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr,
-    WRITE_IDLE: tl.constexpr, X_FROM_KEYS: tl.constexpr,
+    WRITE_IDLE: tl.constexpr, X_FROM_KEYS: tl.constexpr, RING_BY_CURSOR: tl.constexpr,
 ):
     """X_FROM_KEYS (Gated DeltaNet): scale k_c and q by exp(G_c) (cw[2, 1]) here instead of
-    reading them from the x scratch."""
+    reading them from the x scratch. RING_BY_CURSOR: the u ring load is bounded by the cursor
+    (it then waits for the cursor; the checkpoint tile load does not)."""
     pid = tl.program_id(0)
     i_v = pid % NV
     i_bh = pid // NV
@@ -274,7 +277,7 @@ def _delta_output_kernel(
         s_first = tl.load(s_base + offs_k0[:, None] * ss_k + offs_v[None, :] * ss_v,
                           mask=(offs_k0 < K)[:, None] & mv[None, :], other=0.0)
     ub = tl.load(ub_base + offs_l[:, None] * sub_l + offs_v[None, :] * sub_v,
-                 mask=(offs_l < L)[:, None] & mv[None, :], other=0.0)  # (LP, BV)
+                 mask=((offs_l < c) if RING_BY_CURSOR else (offs_l < L))[:, None] & mv[None, :], other=0.0)  # (LP, BV)
     ck = tl.load(cw_base + offs_l)
     cq = tl.load(cw_base + LP + offs_l)
     kq = tl.load(cw_base + 2 * LP)
@@ -444,7 +447,7 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
     if bk >= 256:
         return dict(block_v=32, num_warps=8, block_k=bk, flush_block_v=16, flush_warps=8, flush_programs=4,
                     flush_stages=2, coef_block_k=64, coef_warps=1,
-                    coef_per_key_head=False, coef_write_x=True, flush_bf16_split=False)
+                    coef_per_key_head=False, coef_write_x=True, flush_bf16_split=False, ring_by_cursor=True)
     # H200, batch 256, L=16 (examples/benchmarks/results/delta_h200_2026-11-30_r4*): output
     # programs of 1-2 warps, because the key-dim reduction crosses warps (4 warps: 16-bit
     # checkpoints 1.46-1.53x slower, fp32 1.03-1.06x); flush items of 64 columns with a
@@ -462,10 +465,15 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
         block_v, warps = 32, 1
     else:
         block_v, warps = (32, 2) if kda else (64, 2)
+    # Ring loads bounded by the cursor (H200, batch 256, L=16, whole cycle, same run: Qwen3.5-4B
+    # fp32 177.4 vs 182.0 µs, bf16 110.0 vs 118.9; 122B fp32 335.2 vs 342.6; KDA fp32 212.5 vs
+    # 220.9; examples/benchmarks/results/delta_ring_by_cursor_h200_2026-12-01.json). Not
+    # re-timed at batches 5-128 and 512, where the extra wait for the cursor weighs more.
     split_16 = not kda and state_dtype.itemsize == 2  # 128-column flush items were timed with the split products
     return dict(block_v=block_v, num_warps=warps, block_k=bk, flush_block_v=128 if split_16 else 64, flush_warps=4,
                 flush_programs=2 if split_16 else 4, flush_stages=2, coef_block_k=128, coef_warps=1,
-                coef_per_key_head=not kda, coef_write_x=state_dtype.itemsize == 4, flush_bf16_split=not kda)
+                coef_per_key_head=not kda, coef_write_x=state_dtype.itemsize == 4, flush_bf16_split=not kda,
+                ring_by_cursor=True)
 
 
 def delta_replay_decode_triton(
@@ -495,6 +503,7 @@ def delta_replay_decode_triton(
     coef_per_key_head: bool | None = None,
     coef_write_x: bool | None = None,
     flush_bf16_split: bool | None = None,
+    ring_by_cursor: bool | None = None,
 ) -> torch.Tensor:
     """Triton version of ``delta_replay_decode_reference`` (same arguments and result).
 
@@ -510,7 +519,9 @@ def delta_replay_decode_triton(
     it: that launch also writes the decay-scaled k_c and q for the output launch, which
     otherwise scales them itself) and ``flush_bf16_split`` (Gated DeltaNet flush: bf16 products of
     the bf16 ring keys and a three-term split of the weighted u's instead of tf32x3; used only
-    with a bf16 key ring and never under the interpreter). Defaults: ``default_config``.
+    with a bf16 key ring and never under the interpreter), ``ring_by_cursor`` (ring loads of
+    the coefficient and output launches bounded by the cursor rather than by L). Defaults:
+    ``default_config``.
     ``one_launch``: run the small-batch kernel of ``triton_small_batch.py`` instead (K <= 256; with
     ``one_launch=True`` its knobs are ``block_v`` and ``num_warps``); by default it runs, with
     its own launch defaults, for batches of at most ``SMALL_BATCH_MAX`` rows.
@@ -561,16 +572,17 @@ def delta_replay_decode_triton(
     skb, sub, ss = k_buf.stride(), u_buf.stride(), state.stride()
     GROUP = HV // Hk
     BKC = max(16, min(coef_block_k or cfg["coef_block_k"], triton.next_power_of_2(K)))
+    by_cur = bool(cfg["ring_by_cursor"] if ring_by_cursor is None else ring_by_cursor)
     if per_key:
         _gdn_coef_kernel[(Bt * Hk,)](
             q, k, g, k_buf, g_buf, cursor, xs, cw, *sq, *sk, *g.stride(), *skb, *g_buf.stride()[:3], cursor.stride(0),
-            Hk, GROUP, K, L, BK=BKC, NK=triton.cdiv(K, BKC), LP=LP, WRITE_X=write_x,
+            Hk, GROUP, K, L, BK=BKC, NK=triton.cdiv(K, BKC), LP=LP, WRITE_X=write_x, RING_BY_CURSOR=by_cur,
             num_warps=coef_warps or cfg["coef_warps"],
         )
     else:
         _delta_coef_kernel[(Bt * HV,)](
             q, k, g, k_buf, g_buf, cursor, xs, cw, *sq, *sk, *sg, *skb, *sgb, cursor.stride(0),
-            HV, GROUP, K, L, KDA=kda, BK=BKC, NK=triton.cdiv(K, BKC), LP=LP,
+            HV, GROUP, K, L, KDA=kda, BK=BKC, NK=triton.cdiv(K, BKC), LP=LP, RING_BY_CURSOR=by_cur,
             num_warps=coef_warps or cfg["coef_warps"],
         )
     _delta_output_kernel[(Bt * HV * NV,)](
@@ -578,6 +590,7 @@ def delta_replay_decode_triton(
         *sq, *sk, *sv, *sg, *beta.stride(), *ss, *sub, *skb, *sgb, *out.stride(), cursor.stride(0),
         HV, GROUP, K, V, L, NV,
         KDA=kda, BK=BK, NK=NK, BV=BV, LP=LP, WRITE_IDLE=bool(write_idle), X_FROM_KEYS=x_from_keys,
+        RING_BY_CURSOR=by_cur,
         num_warps=num_warps or cfg["num_warps"],
     )
     n_prog = flush_programs or cfg["flush_programs"] * num_sms(dev.type, dev.index)

@@ -89,6 +89,8 @@ CASES = [
     # the bf16 split flush products never run under the interpreter (its bf16 tl.dot is not trusted): asking for
     # them there runs the fp32 product
     ("gdn-gva-L4-flush-bf16-split-asked", 2, 4, 20, 24, 4, False, dict(flush_bf16_split=True)),
+    ("gdn-gva-L4-ring-by-L", 2, 4, 20, 24, 4, False, dict(ring_by_cursor=False)),
+    ("kda-L4-ring-by-L", 2, 2, 20, 24, 4, True, dict(ring_by_cursor=False)),
 ]
 
 

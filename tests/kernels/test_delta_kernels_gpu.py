@@ -121,7 +121,8 @@ VARIANTS = {"bv32": dict(block_v=32, num_warps=4), "bv128-w8": dict(block_v=128,
             "coef-per-key-head-ktiles": dict(coef_per_key_head=True, block_k=64, coef_block_k=32),
             "coef-per-value-head": dict(coef_per_key_head=False),
             "coef-per-key-head-write-x": dict(coef_per_key_head=True, coef_write_x=True),
-            "flush-tf32x3": dict(flush_bf16_split=False), "flush-bf16-split-bv64": dict(flush_block_v=64)}
+            "flush-tf32x3": dict(flush_bf16_split=False), "flush-bf16-split-bv64": dict(flush_block_v=64),
+            "ring-by-L": dict(ring_by_cursor=False)}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
