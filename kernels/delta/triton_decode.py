@@ -44,8 +44,9 @@ contents, or gets zeros when the caller asked for a fresh output); their checkpo
 is loaded and discarded, because that load is issued before the cursor is known. The ring
 loads wait for the cursor and read only the ``c`` valid slots (``ring_by_cursor``, the
 default; without it they are bounded by L and issued early); either way stale slots are
-selected away before anything mixes entries (NaN there is harmless). The interpreter runs the flush product
-with ``"ieee"`` precision and fp32 operands (its bf16 ``tl.dot`` is not trusted).
+selected away before anything mixes entries (NaN there is harmless). The interpreter runs
+the flush product with ``"ieee"`` precision and fp32 operands (its bf16 ``tl.dot`` is not
+trusted).
 """
 
 from __future__ import annotations
@@ -268,16 +269,17 @@ def _delta_output_kernel(
     s_base = s_ptr + b * ss_b + h * ss_h
     ub_base = ub_ptr + b * sub_b + h * sub_h
 
-    # Every load is issued before the cursor is known (the ring load is bounded by L and
-    # masked by the cursor afterwards): one memory latency per program instead of two. An
-    # idle row's loads are discarded.
+    # The checkpoint tile and the small inputs are loaded before the cursor is known (an idle
+    # row's are discarded); the ring load waits for it with RING_BY_CURSOR (fewer bytes; the
+    # checkpoint load is in flight meanwhile), else it is bounded by L and issued at once.
     c = tl.load(cur_ptr + b * sc_b)
     if NK == 1:
         offs_k0 = tl.arange(0, BK)
         s_first = tl.load(s_base + offs_k0[:, None] * ss_k + offs_v[None, :] * ss_v,
                           mask=(offs_k0 < K)[:, None] & mv[None, :], other=0.0)
     ub = tl.load(ub_base + offs_l[:, None] * sub_l + offs_v[None, :] * sub_v,
-                 mask=((offs_l < c) if RING_BY_CURSOR else (offs_l < L))[:, None] & mv[None, :], other=0.0)  # (LP, BV)
+                 mask=((offs_l < c) if RING_BY_CURSOR else (offs_l < L))[:, None] & mv[None, :],
+                 other=0.0)  # (LP, BV)
     ck = tl.load(cw_base + offs_l)
     cq = tl.load(cw_base + LP + offs_l)
     kq = tl.load(cw_base + 2 * LP)
@@ -517,9 +519,9 @@ def delta_replay_decode_triton(
     and warps of the coefficient launch), ``coef_per_key_head`` (Gated DeltaNet: one
     coefficient program per key head, shared by its value heads), ``coef_write_x`` (with
     it: that launch also writes the decay-scaled k_c and q for the output launch, which
-    otherwise scales them itself) and ``flush_bf16_split`` (Gated DeltaNet flush: bf16 products of
+    otherwise scales them itself), ``flush_bf16_split`` (Gated DeltaNet flush: bf16 products of
     the bf16 ring keys and a three-term split of the weighted u's instead of tf32x3; used only
-    with a bf16 key ring and never under the interpreter), ``ring_by_cursor`` (ring loads of
+    with a bf16 key ring and never under the interpreter) and ``ring_by_cursor`` (ring loads of
     the coefficient and output launches bounded by the cursor rather than by L). Defaults:
     ``default_config``.
     ``one_launch``: run the small-batch kernel of ``triton_small_batch.py`` instead (K <= 256; with
