@@ -26,15 +26,24 @@ def test_delta_benchmark_smoke_run(tmp_path):
 
     env = dict(os.environ, TRITON_INTERPRET="1", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / "benchmarks" / "bench_delta.py"), "--smoke",
-                           "--out", str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)
+                           "--compare", '{"ring_by_cursor": false}', "--out", str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads((tmp_path / "delta_bench.json").read_text())
     assert {r["shape"] for r in data["results"]} == {"smoke-gdn", "smoke-kda"}
+    assert data["meta"]["compare"] == {"ring_by_cursor": False}
     for r in data["results"]:
         assert r["step_us"] > 0
         for x in r["replay"].values():
             assert x["us"] > 0 and x["floor_us"] > 0
-    assert "| state | batch |" in (tmp_path / "delta_bench.md").read_text()
+            assert x["compare_us"] > 0 and x["compare_ratio"] == x["compare_us"] / x["us"]
+    md = (tmp_path / "delta_bench.md").read_text()
+    assert "| state | batch |" in md and '`{"ring_by_cursor": false}`' in md
+    bad = subprocess.run([sys.executable, str(ROOT / "examples" / "benchmarks" / "bench_delta.py"), "--smoke",
+                          "--compare", "[1]", "--out", str(tmp_path / "bad")], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert bad.returncode == 2 and "--compare takes a JSON object" in bad.stderr
+    assert not (tmp_path / "bad").exists()
 
 
 def test_mamba2_benchmark_smoke_run(tmp_path):

@@ -18,6 +18,7 @@ and rings, so the working set stays well above the 60 MB L2 even at batch 1; tim
 is the median graph replay time (``triton.testing.do_bench``) over the steps it holds.
 
     python examples/benchmarks/bench_delta.py --out DIR [--quick] [--sweep | --sweep-only] [--phases]
+        [--compare '{"ring_by_cursor": false}']   # a knob set against the defaults, same data, every row
 """
 
 from __future__ import annotations
@@ -167,7 +168,11 @@ def copies_for(Bt, HV, K, V, s):
     return max(1, min(64, math.ceil(4 * L2_BYTES / per)))
 
 
-def bench_config(shape, Bt, sdt, Ls, dev, copy_bw, hf, fla, hf_cache, replay_kw=None, step_kw=None, do_step=True):
+def bench_config(shape, Bt, sdt, Ls, dev, copy_bw, hf, fla, hf_cache, replay_kw=None, step_kw=None, do_step=True,
+                 compare_kw=None):
+    """One (shape, batch, checkpoint dtype): per-step, transformers, fla and replay timings per L.
+    ``compare_kw``: replay knobs laid over ``replay_kw`` and timed on the same data right after
+    the replay kernel (``compare_us``; ``compare_ratio`` = its time / the replay time)."""
     from replayssm.kernels.delta.triton_decode import delta_replay_decode_triton
     from replayssm.kernels.delta.triton_step import delta_step_decode_triton
 
@@ -263,10 +268,10 @@ def bench_config(shape, Bt, sdt, Ls, dev, copy_bw, hf, fla, hf_cache, replay_kw=
     for L in Ls:
         rings = lay.rings(L)
 
-        def replay_body():
+        def replay_body(knobs=rkw):
             for _ in range(L):
                 for st, (u, kb, gb, cur) in zip(lay.states, rings):
-                    delta_replay_decode_triton(*x, st, u, kb, gb, cur, lay.out, **rkw)
+                    delta_replay_decode_triton(*x, st, u, kb, gb, cur, lay.out, **knobs)
 
         t = time_steps(replay_body, L * R)
         floor = replay_bytes(Bt, Hk, HV, K, V, L, s, a, kda) / copy_bw * 1e6
@@ -274,6 +279,9 @@ def bench_config(shape, Bt, sdt, Ls, dev, copy_bw, hf, fla, hf_cache, replay_kw=
                                 vs_fla=(res["fla_us"] / t) if res.get("fla_us") else None,
                                 vs_step=(res["step_us"] / t) if res["step_us"] else None,
                                 vs_hf=(res["hf_us"] / t) if res["hf_us"] else None)
+        if compare_kw:
+            tc = time_steps(lambda: replay_body({**rkw, **compare_kw}), L * R)
+            res["replay"][L].update(compare_us=tc, compare_ratio=tc / t)
         del rings
     del lay
     if dev == "cuda":
@@ -321,6 +329,15 @@ def markdown(results, meta, Ls):
                              f"{fmt(x['bw_frac'], '{:.0%}')} |")
             lines.append(line)
         lines.append("")
+    cmp_rows = [(r, L, x) for r in results for L, x in r["replay"].items() if x.get("compare_us")]
+    if cmp_rows:
+        lines += [f"## Replay with `{json.dumps(meta.get('compare'))}` laid over the knobs above, same data, timed right after",
+                  "", "| shape | state | batch | L | replay µs | compared µs | compared / replay |",
+                  "|---|---|---:|---:|---:|---:|---:|"]
+        for r, L, x in cmp_rows:
+            lines.append(f"| {r['shape']} | {r['state_dtype']} | {r['batch']} | {L} | {fmt(x['us'])} | "
+                         f"{fmt(x['compare_us'])} | {fmt(x['compare_ratio'], '{:.3f}')} |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -337,11 +354,14 @@ def sweep(dev, copy_bw, log, Bt=256, L=16):
     # output-launch shapes (columns per program, warps): the key-dim reduction crosses warps, so
     # fewer warps per program can win, most of all with 16-bit checkpoints; flush items of 2 warps
     # (within 1% on the H200, results/delta_launch_variants_h200_2026-12-01.md); for Gated
-    # DeltaNet, the coefficient launch per value head instead of per key head, and per key head
-    # with / without the x scratch
+    # DeltaNet, the coefficient launch per value head instead of per key head, per key head
+    # with / without the x scratch, and the flush's tf32x3 product instead of the bf16 split; ring
+    # loads bounded by L instead of the cursor
     base = [{}, dict(num_warps=2), dict(num_warps=1), dict(block_v=16, num_warps=1), dict(block_v=16, num_warps=2),
-            dict(block_v=64, num_warps=2), dict(flush_warps=2), dict(flush_warps=2, flush_block_v=32)]
-    coef = [dict(coef_per_key_head=False), dict(coef_write_x=True), dict(coef_write_x=False)]
+            dict(block_v=64, num_warps=2), dict(flush_warps=2), dict(flush_warps=2, flush_block_v=32),
+            dict(ring_by_cursor=False)]
+    coef = [dict(coef_per_key_head=False), dict(coef_write_x=True), dict(coef_write_x=False),
+            dict(flush_bf16_split=False)]
     variants = {gdn: base + coef, kda: base}
     rows, best = [], {}
     for shape, cfgs in variants.items():
@@ -430,9 +450,13 @@ def main(argv=None):
     ap.add_argument("--sweep", action="store_true", help="also time a few launch configurations first")
     ap.add_argument("--sweep-only", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, any device (checks the script itself)")
+    ap.add_argument("--compare", type=json.loads, default=None, metavar="JSON",
+                    help='replay knobs to time against the defaults on the same data, e.g. \'{"ring_by_cursor": false}\'')
     ap.add_argument("--phases", action="store_true",
                     help="also time the step at fixed cursors, staggered cycles and each launch (profiler)")
     args = ap.parse_args(argv)
+    if args.compare is not None and not isinstance(args.compare, dict):
+        ap.error("--compare takes a JSON object of replay knobs, e.g. '{\"ring_by_cursor\": false}'")
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -456,7 +480,7 @@ def main(argv=None):
         date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         gpu=torch.cuda.get_device_name() if dev == "cuda" else platform.processor() or "cpu",
         torch=torch.__version__, triton=triton.__version__, hf=hf_note, fla=fla_note,
-        copy_bw_tbs=copy_bw / 1e12, batches=batches, Ls=Ls,
+        copy_bw_tbs=copy_bw / 1e12, batches=batches, Ls=Ls, compare=args.compare,
     )
     log(meta)
     sweep_rows, best = [], {}
@@ -479,7 +503,8 @@ def main(argv=None):
             cls = ("kda" if SHAPES[shape][4] else "gdn", str(sdt).replace("torch.", ""))
             rkw, skw = best.get(("replay",) + cls), best.get(("step",) + cls)
             for Bt in batches:
-                r = bench_config(shape, Bt, sdt, Ls, dev, copy_bw, hf, fla, hf_cache, replay_kw=rkw, step_kw=skw)
+                r = bench_config(shape, Bt, sdt, Ls, dev, copy_bw, hf, fla, hf_cache, replay_kw=rkw, step_kw=skw,
+                                 compare_kw=args.compare)
                 results.append(r)
                 log(r)
     meta["seconds"] = round(time.time() - t_start, 1)
