@@ -44,6 +44,11 @@ def test_delta_benchmark_smoke_run(tmp_path):
                          env=env, timeout=300)
     assert bad.returncode == 2 and "--compare takes a JSON object" in bad.stderr
     assert not (tmp_path / "bad").exists()
+    unknown = subprocess.run([sys.executable, str(ROOT / "examples" / "benchmarks" / "bench_delta.py"), "--smoke",
+                              "--compare", '{"no_such_knob": 1}', "--out", str(tmp_path / "bad")],
+                             capture_output=True, text=True, env=env, timeout=300)
+    assert unknown.returncode == 2 and "not knobs of delta_replay_decode_triton: no_such_knob" in unknown.stderr
+    assert not (tmp_path / "bad").exists()
 
 
 def test_mamba2_benchmark_smoke_run(tmp_path):

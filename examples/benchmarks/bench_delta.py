@@ -457,6 +457,13 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.compare is not None and not isinstance(args.compare, dict):
         ap.error("--compare takes a JSON object of replay knobs, e.g. '{\"ring_by_cursor\": false}'")
+    if args.compare:
+        from replayssm.kernels.delta.triton_decode import delta_replay_decode_triton
+
+        params = inspect.signature(delta_replay_decode_triton).parameters
+        unknown = sorted(k for k in args.compare if params.get(k) is None or params[k].kind != params[k].KEYWORD_ONLY)
+        if unknown:
+            ap.error(f"--compare: not knobs of delta_replay_decode_triton: {', '.join(unknown)}")
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
