@@ -50,7 +50,7 @@ SHAPES = {  # name: (Hk, HV, K, V, kda)
 BATCHES = [1, 8, 32, 128, 256, 512]
 LS = [8, 16, 32]
 L2_BYTES = 60e6
-FLA_MAX_BATCH = 128
+FLA_MAX_BATCH = 128  # fla above this batch runs in a child process (see time_fla_in_child)
 
 
 # ----------------------------------------------------------------------------- loaders
@@ -227,42 +227,16 @@ def bench_config(shape, Bt, sdt, Ls, dev, copy_bw, hf, fla, hf_cache, replay_kw=
             del st32
     res["hf_us"] = hf_cache[key]
 
-    # flash-linear-attention's fused recurrent kernels, if importable (benchmark only): the
-    # state is read and written in place (KDA) or into a fresh fp32 tensor (GDN), no copy-back.
+    # flash-linear-attention's fused recurrent kernels, if importable (benchmark only), fp32 state.
     res["fla_us"] = None
-    ffn = fla.get(kind)
-    # Up to batch 128: at batch 256 the process hit an illegal memory access right after
-    # fla-core 0.6.0's GDN kernel ran on the H200 (2026-11-30), which ends the whole run.
-    if ffn is not None and sdt == torch.float32 and Bt <= FLA_MAX_BATCH:
-        try:
-            st = lay.states[0]
-            q4, k4, v4 = lay.q[:, None], lay.k[:, None], lay.v[:, None]
-            g4, b4 = lay.g[:, None], lay.beta[:, None]
-            if kind == "kda":
-                def fla_body():
-                    ffn(q4, k4, v4, g4, b4, initial_state=st, output_final_state=True, inplace_final_state=True,
-                        scale=1.0)
-            else:
-                def fla_body():
-                    ffn(q4, k4, v4, g4, b4, initial_state=st, output_final_state=True, scale=1.0)
-            # same function? one step from a copy of the state against our per-step kernel
-            s_ref, s_chk = st.clone(), st.clone()
-            o_ref = delta_step_decode_triton(*x, s_ref)
-            if kind == "kda":
-                o_chk = ffn(q4, k4, v4, g4, b4, initial_state=s_chk, output_final_state=True,
-                            inplace_final_state=True, scale=1.0)[0]
-            else:
-                o_chk = ffn(q4, k4, v4, g4, b4, initial_state=s_chk, output_final_state=True, scale=1.0)[0]
-            res["fla_max_abs_diff_vs_step"] = (o_chk[:, 0].float() - o_ref.float()).abs().max().item()
-            del s_ref, s_chk
-            try:
-                res["fla_us"] = time_steps(fla_body, 1)
-            except Exception:
-                res["fla_us"] = time_steps(fla_body, 1, graph=False)
-                res["fla_note"] = "not graph-capturable; eager"
-            res["fla_floor_us"] = res["step_floor_us"] if do_step else None
-        except Exception as e:  # pragma: no cover
-            res["fla_error"] = f"{type(e).__name__}: {e}"
+    if fla.get(kind) is not None and sdt == torch.float32:
+        if Bt <= FLA_MAX_BATCH or dev != "cuda":
+            res.update(time_fla(fla[kind], kind, lay))
+        else:
+            res.update(time_fla_in_child(shape, Bt))
+        if res["fla_us"] and do_step:
+            res["fla_floor_us"] = res["step_floor_us"]
+            res["fla_bw_frac"] = res["fla_floor_us"] / res["fla_us"]
 
     res["replay"] = {}
     for L in Ls:
@@ -287,6 +261,73 @@ def bench_config(shape, Bt, sdt, Ls, dev, copy_bw, hf, fla, hf_cache, replay_kw=
     if dev == "cuda":
         torch.cuda.empty_cache()
     return res
+
+
+def time_fla(ffn, kind, lay):
+    """flash-linear-attention's fused recurrent step on ``lay.states[0]``: the state is read and
+    written in place (KDA) or into a fresh fp32 tensor (GDN), no copy-back. Returns ``fla_us``,
+    ``fla_max_abs_diff_vs_step`` (one step from a copy of the state against this project's
+    per-step kernel) and ``fla_note`` / ``fla_error`` where they apply."""
+    from replayssm.kernels.delta.triton_step import delta_step_decode_triton
+
+    res = {"fla_us": None}
+    try:
+        st = lay.states[0]
+        q4, k4, v4, g4, b4 = (t[:, None] for t in (lay.q, lay.k, lay.v, lay.g, lay.beta))
+        # by keyword: fla's GDN entry takes (q, k, v, g, gk, gv, beta, ...), so a positional beta
+        # would land on the per-key gate gk (read out of bounds)
+        kw = dict(g=g4, beta=b4, output_final_state=True, scale=1.0)
+        if kind == "kda":
+            kw["inplace_final_state"] = True
+
+        def call(state):
+            return ffn(q4, k4, v4, initial_state=state, **kw)
+
+        s_ref, s_chk = st.clone(), st.clone()
+        o_ref = delta_step_decode_triton(lay.q, lay.k, lay.v, lay.g, lay.beta, s_ref)
+        o_chk = call(s_chk)[0]
+        diff = (o_chk[:, 0].float() - o_ref.float()).abs().max().item()
+        res["fla_max_abs_diff_vs_step"] = diff
+        tol = 1e-2 * max(1.0, o_ref.float().abs().max().item())  # bf16 outputs of the same step
+        if not diff <= tol:
+            raise ValueError(f"fla's output differs from the per-step kernel's by {diff:.3g} (> {tol:.3g}); not timed")
+        del s_ref, s_chk
+        try:
+            res["fla_us"] = time_steps(lambda: call(st), 1)
+        except Exception:
+            res["fla_us"] = time_steps(lambda: call(st), 1, graph=False)
+            res["fla_note"] = "not graph-capturable; eager"
+    except Exception as e:  # pragma: no cover - depends on the installed fla
+        res["fla_error"] = f"{type(e).__name__}: {e}"
+    return res
+
+
+def time_fla_in_child(shape, Bt):
+    """``time_fla`` in a child process, so that a fault in a kernel that is not this project's
+    (an illegal memory access ends the CUDA context) cannot end this run; its exit status is
+    reported instead."""
+    import subprocess
+
+    cmd = [sys.executable, os.path.abspath(__file__), "--fla-child", json.dumps(dict(shape=shape, batch=Bt))]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if p.returncode == 0 and lines:
+        out = json.loads(lines[-1])
+        out["fla_note"] = (out.get("fla_note", "") + "; child process").lstrip("; ")
+        return out
+    err = (p.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"fla_us": None, "fla_error": f"child process exit {p.returncode}: {err[:300]}"}
+
+
+def fla_child(spec):
+    """Entry of ``time_fla_in_child``: prints one JSON line."""
+    Hk, HV, K, V, kda = SHAPES[spec["shape"]]
+    fla, _ = load_fla()
+    kind = "kda" if kda else "gdn"
+    lay = Layer(spec["batch"], Hk, HV, K, V, kda, torch.float32, torch.bfloat16, 1, "cuda")
+    out = time_fla(fla[kind], kind, lay)
+    torch.cuda.synchronize()
+    print(json.dumps(out), flush=True)
 
 
 # ----------------------------------------------------------------------------- report
@@ -328,6 +369,20 @@ def markdown(results, meta, Ls):
                     line += (f" {fmt(x['us'])} | {fmt(x['vs_step'], '{:.2f}x')} | {fmt(x['vs_hf'], '{:.0f}x')} | "
                              f"{fmt(x['bw_frac'], '{:.0%}')} |")
             lines.append(line)
+        lines.append("")
+    fla_rows = [r for r in results if r.get("fla_us") or r.get("fla_error")]
+    if fla_rows:
+        lines += ["## Against flash-linear-attention's fused recurrent kernel (fp32 state)", "",
+                  "`fla bw` = the per-step byte floor / fla's time; `xfla` = fla's time / the replay step's.", "",
+                  "| shape | batch | fla µs | fla bw | step µs | step bw |" + "".join(f" L={L} µs | xfla |" for L in Ls),
+                  "|---|---:|---:|---:|---:|---:|" + "---:|---:|" * len(Ls)]
+        for r in fla_rows:
+            line = (f"| {r['shape']} | {r['batch']} | {fmt(r.get('fla_us'))} | {fmt(r.get('fla_bw_frac'), '{:.0%}')} | "
+                    f"{fmt(r['step_us'])} | {fmt(r.get('step_bw_frac'), '{:.0%}')} |")
+            for L in Ls:
+                x = r["replay"].get(L) or {}
+                line += f" {fmt(x.get('us'))} | {fmt(x.get('vs_fla'), '{:.2f}x')} |"
+            lines.append(line + (f" {r['fla_error']}" if r.get("fla_error") else ""))
         lines.append("")
     cmp_rows = [(r, L, x) for r in results for L, x in r["replay"].items() if x.get("compare_us")]
     if cmp_rows:
@@ -452,9 +507,12 @@ def main(argv=None):
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, any device (checks the script itself)")
     ap.add_argument("--compare", type=json.loads, default=None, metavar="JSON",
                     help='replay knobs to time against the defaults on the same data, e.g. \'{"ring_by_cursor": false}\'')
+    ap.add_argument("--fla-child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--phases", action="store_true",
                     help="also time the step at fixed cursors, staggered cycles and each launch (profiler)")
     args = ap.parse_args(argv)
+    if args.fla_child:
+        return fla_child(json.loads(args.fla_child))
     if args.compare is not None and not isinstance(args.compare, dict):
         ap.error("--compare takes a JSON object of replay knobs, e.g. '{\"ring_by_cursor\": false}'")
     if args.compare:
