@@ -417,7 +417,7 @@ def sweep(dev, copy_bw, log, Bt=256, L=16):
             dict(ring_by_cursor=False)]
     coef = [dict(coef_per_key_head=False), dict(coef_write_x=True), dict(coef_write_x=False),
             dict(flush_bf16_split=False)]
-    variants = {gdn: base + coef, kda: base}
+    variants = {gdn: base + coef, kda: base + [dict(flush_bf16_split=False), dict(coef_narrow=False)]}
     rows, best = [], {}
     for shape, cfgs in variants.items():
         kind = "kda" if SHAPES[shape][4] else "gdn"

@@ -92,45 +92,21 @@ def _gdn_decay_window(gb_row, sgb_l, g_cur, offs_l, ml, inl):
 
 
 @triton.jit
-def _delta_coef_kernel(
-    q_ptr, k_ptr, g_ptr, kb_ptr, gb_ptr, cur_ptr, x_ptr, cw_ptr,
-    sq_b, sq_h, sq_k,
-    sk_b, sk_h, sk_k,
-    sg_b, sg_h, sg_k,
-    skb_b, skb_h, skb_l, skb_k,
-    sgb_b, sgb_h, sgb_l, sgb_k,
-    sc_b,
-    HV, GROUP, K, L,
-    KDA: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, LP: tl.constexpr, RING_BY_CURSOR: tl.constexpr,
-):
-    """x scratch (Bt, HV, 2, K): [xk, xq]; cw scratch (Bt, HV, 3, LP): [ck, cq, (k_c . q, 0...)].
-
-    Idle rows (c < 0) are computed too, with an empty ring (their scratch is never used):
-    no load waits for the cursor.
-    """
-    pid = tl.program_id(0)
-    b = (pid // HV).to(tl.int64)
-    h = pid % HV
-    hk = h // GROUP
-    c = tl.load(cur_ptr + b * sc_b)
-    offs_l = tl.arange(0, LP)
+def _ring_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
+                x_base, cw_base, c, K, L, w, dsc,
+                KDA: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, LW: tl.constexpr, LP: tl.constexpr,
+                RING_BY_CURSOR: tl.constexpr):
+    """Scratch of one (row, value head) from the first ``LW`` ring slots (``LW >= c``; slots
+    ``LW .. LP-1`` of cw get zeros). Gated DeltaNet: ``w`` (LW,) and ``dsc`` from
+    ``_gdn_decay_window``; KDA: unused."""
+    offs_l = tl.arange(0, LW)
     ml = offs_l < c
-    q_base = q_ptr + b * sq_b + hk * sq_h
-    k_base = k_ptr + b * sk_b + hk * sk_h
-    g_base = g_ptr + b * sg_b + h * sg_h
-    kb_base = kb_ptr + b * skb_b + hk * skb_h
-    gb_base = gb_ptr + b * sgb_b + h * sgb_h
-    x_base = x_ptr + pid.to(tl.int64) * 2 * K
-    cw_base = cw_ptr + pid.to(tl.int64) * 3 * LP
-
     # Ring loads bounded by the cursor (RING_BY_CURSOR: fewer bytes, the loads wait for it) or
     # by L (issued at once); slots >= c (stale, or NaN in the tests) are selected away before
     # anything mixes entries.
     inl = ml if RING_BY_CURSOR else offs_l < L
-    if not KDA:
-        w, dsc = _gdn_decay_window(gb_base, sgb_l, g_base, offs_l, ml, inl)
-    ck = tl.zeros([LP], dtype=tl.float32)
-    cq = tl.zeros([LP], dtype=tl.float32)
+    ck = tl.zeros([LW], dtype=tl.float32)
+    cq = tl.zeros([LW], dtype=tl.float32)
     kq = tl.zeros([BK], dtype=tl.float32)
     for i_k in range(NK):
         offs_k = i_k * BK + tl.arange(0, BK)
@@ -158,7 +134,62 @@ def _delta_coef_kernel(
         cq = cq * w
     tl.store(cw_base + offs_l, ck)
     tl.store(cw_base + LP + offs_l, cq)
-    tl.store(cw_base + 2 * LP + offs_l, tl.where(offs_l == 0, tl.sum(kq, axis=0), 0.0))
+    if LW < LP:
+        offs_r = LW + tl.arange(0, LP - LW)
+        tl.store(cw_base + offs_r, tl.zeros([LP - LW], dtype=tl.float32))
+        tl.store(cw_base + LP + offs_r, tl.zeros([LP - LW], dtype=tl.float32))
+    offs_p = tl.arange(0, LP)
+    tl.store(cw_base + 2 * LP + offs_p, tl.where(offs_p == 0, tl.sum(kq, axis=0), 0.0))
+
+
+@triton.jit
+def _delta_coef_kernel(
+    q_ptr, k_ptr, g_ptr, kb_ptr, gb_ptr, cur_ptr, x_ptr, cw_ptr,
+    sq_b, sq_h, sq_k,
+    sk_b, sk_h, sk_k,
+    sg_b, sg_h, sg_k,
+    skb_b, skb_h, skb_l, skb_k,
+    sgb_b, sgb_h, sgb_l, sgb_k,
+    sc_b,
+    HV, GROUP, K, L,
+    KDA: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, LP: tl.constexpr, RING_BY_CURSOR: tl.constexpr,
+    NARROW: tl.constexpr,
+):
+    """x scratch (Bt, HV, 2, K): [xk, xq]; cw scratch (Bt, HV, 3, LP): [ck, cq, (k_c . q, 0...)].
+
+    Idle rows (c < 0) are computed too, with an empty ring (their scratch is never used).
+    NARROW (KDA): rows with ``c <= LP / 2`` work on half the ring window (half the exps,
+    cumulative sums and products; the window is fixed at compile time, the cursor is not).
+    """
+    pid = tl.program_id(0)
+    b = (pid // HV).to(tl.int64)
+    h = pid % HV
+    hk = h // GROUP
+    c = tl.load(cur_ptr + b * sc_b)
+    q_base = q_ptr + b * sq_b + hk * sq_h
+    k_base = k_ptr + b * sk_b + hk * sk_h
+    g_base = g_ptr + b * sg_b + h * sg_h
+    kb_base = kb_ptr + b * skb_b + hk * skb_h
+    gb_base = gb_ptr + b * sgb_b + h * sgb_h
+    x_base = x_ptr + pid.to(tl.int64) * 2 * K
+    cw_base = cw_ptr + pid.to(tl.int64) * 3 * LP
+    if not KDA:
+        offs_l = tl.arange(0, LP)
+        ml = offs_l < c
+        w, dsc = _gdn_decay_window(gb_base, sgb_l, g_base, offs_l, ml, ml if RING_BY_CURSOR else offs_l < L)
+        _ring_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
+                    x_base, cw_base, c, K, L, w, dsc, KDA, BK, NK, LP, LP, RING_BY_CURSOR)
+    else:
+        if NARROW:
+            if c <= LP // 2:
+                _ring_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
+                            x_base, cw_base, c, K, L, 0.0, 0.0, KDA, BK, NK, LP // 2, LP, RING_BY_CURSOR)
+            else:
+                _ring_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
+                            x_base, cw_base, c, K, L, 0.0, 0.0, KDA, BK, NK, LP, LP, RING_BY_CURSOR)
+        else:
+            _ring_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
+                        x_base, cw_base, c, K, L, 0.0, 0.0, KDA, BK, NK, LP, LP, RING_BY_CURSOR)
 
 
 @triton.jit
@@ -356,10 +387,11 @@ def _delta_flush_kernel(
     from the cursors (a prefix count), so a step without flush rows costs one small load
     per program and flush work spreads over every program whether 1 row or all flush.
 
-    BF16_SPLIT (Gated DeltaNet, bf16 key ring): the buffered terms are three bf16 tensor-core
-    products of the ring keys (exact in bf16) with a three-term bf16 split of the decay-weighted
-    u's (hi + mid + lo carry 24 significant bits), instead of a ``DOT_PREC`` product of fp32
-    operands."""
+    BF16_SPLIT: the buffered terms are three bf16 tensor-core products, one operand exact in
+    bf16 and the other, decay-weighted one split into three bf16 terms (hi + mid + lo carry 24
+    significant bits), instead of a ``DOT_PREC`` product of fp32 operands. Gated DeltaNet (bf16
+    key ring) splits the weighted u's; KDA (bf16 u ring), whose decays weight each key channel,
+    splits the weighted keys."""
     csum, n_flush = flush_row_prefix(cur_ptr, sc_b, row0, n_rows, L, BB)
     per_row = HV * NV
     total = n_flush * per_row
@@ -381,7 +413,9 @@ def _delta_flush_kernel(
         g_base = g_ptr + b * sg_b + h * sg_h
 
         ub = tl.load(ub_ptr + b * sub_b + h * sub_h + offs_l[:, None] * sub_l + offs_v[None, :] * sub_v,
-                     mask=ml[:, None] & mv[None, :], other=0.0).to(tl.float32)  # (LP, BV)
+                     mask=ml[:, None] & mv[None, :], other=0.0)  # (LP, BV), ring dtype
+        if not (KDA and BF16_SPLIT):
+            ub = ub.to(tl.float32)
         uc = tl.load(uf_ptr + i_bh * V + offs_v, mask=mv, other=0.0)
         if not KDA:
             gh = tl.load(gb_base + offs_l * sgb_l, mask=ml, other=0.0).to(tl.float32)
@@ -402,23 +436,31 @@ def _delta_flush_kernel(
             kc = tl.load(k_ptr + b * sk_b + hk * sk_h + offs_k * sk_k, mask=mk, other=0.0).to(tl.float32)
             kw = tl.load(kb_base + offs_k[:, None] * skb_k + offs_l[None, :] * skb_l,
                          mask=mk[:, None] & ml[None, :], other=0.0)  # (BK, LP), ring dtype
-            if not BF16_SPLIT:
-                kw = kw.to(tl.float32)
             if KDA:
                 gv = tl.load(g_base + offs_k * sg_k, mask=mk, other=0.0).to(tl.float32)
                 gm = tl.load(gb_base + offs_k[:, None] * sgb_k + offs_l[None, :] * sgb_l,
                              mask=mk[:, None] & ml[None, :], other=0.0).to(tl.float32)
                 gt = tl.sum(gm, axis=1) + gv
-                kw = kw * tl.exp(gt[:, None] - tl.cumsum(gm, axis=1))
+                kw = kw.to(tl.float32) * tl.exp(gt[:, None] - tl.cumsum(gm, axis=1))
                 acc = s0 * tl.exp(gt)[:, None]
+                if BF16_SPLIT:
+                    k_hi = kw.to(tl.bfloat16)
+                    k_rest = kw - k_hi.to(tl.float32)
+                    k_mid = k_rest.to(tl.bfloat16)
+                    k_lo = (k_rest - k_mid.to(tl.float32)).to(tl.bfloat16)
+                    acc = tl.dot(k_hi, ub, acc)
+                    acc = tl.dot(k_mid, ub, acc)
+                    acc = tl.dot(k_lo, ub, acc)
+                else:
+                    acc += tl.dot(kw, ub, input_precision=DOT_PREC)
             else:
                 acc = s0 * dsc
-            if BF16_SPLIT:
-                acc = tl.dot(kw, u_hi, acc)
-                acc = tl.dot(kw, u_mid, acc)
-                acc = tl.dot(kw, u_lo, acc)
-            else:
-                acc += tl.dot(kw, ub, input_precision=DOT_PREC)
+                if BF16_SPLIT:
+                    acc = tl.dot(kw, u_hi, acc)
+                    acc = tl.dot(kw, u_mid, acc)
+                    acc = tl.dot(kw, u_lo, acc)
+                else:
+                    acc += tl.dot(kw.to(tl.float32), ub, input_precision=DOT_PREC)
             acc += kc[:, None] * uc[None, :]
             tl.store(s_base + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v, acc.to(s_ptr.dtype.element_ty),
                      mask=m2)
@@ -449,7 +491,8 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
     if bk >= 256:
         return dict(block_v=32, num_warps=8, block_k=bk, flush_block_v=16, flush_warps=8, flush_programs=4,
                     flush_stages=2, coef_block_k=64, coef_warps=1,
-                    coef_per_key_head=False, coef_write_x=True, flush_bf16_split=False, ring_by_cursor=True)
+                    coef_per_key_head=False, coef_write_x=True, flush_bf16_split=False, ring_by_cursor=True,
+                    coef_narrow=False)
     # H200, batch 256, L=16 (examples/benchmarks/results/delta_h200_2026-11-30_r4*): output
     # programs of 1-2 warps, because the key-dim reduction crosses warps (4 warps: 16-bit
     # checkpoints 1.46-1.53x slower, fp32 1.03-1.06x); flush items of 64 columns with a
@@ -474,8 +517,8 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
     split_16 = not kda and state_dtype.itemsize == 2  # 128-column flush items were timed with the split products
     return dict(block_v=block_v, num_warps=warps, block_k=bk, flush_block_v=128 if split_16 else 64, flush_warps=4,
                 flush_programs=2 if split_16 else 4, flush_stages=2, coef_block_k=128, coef_warps=1,
-                coef_per_key_head=not kda, coef_write_x=state_dtype.itemsize == 4, flush_bf16_split=not kda,
-                ring_by_cursor=True)
+                coef_per_key_head=not kda, coef_write_x=state_dtype.itemsize == 4, flush_bf16_split=True,
+                ring_by_cursor=True, coef_narrow=kda)
 
 
 def delta_replay_decode_triton(
@@ -506,6 +549,7 @@ def delta_replay_decode_triton(
     coef_write_x: bool | None = None,
     flush_bf16_split: bool | None = None,
     ring_by_cursor: bool | None = None,
+    coef_narrow: bool | None = None,
 ) -> torch.Tensor:
     """Triton version of ``delta_replay_decode_reference`` (same arguments and result).
 
@@ -519,11 +563,13 @@ def delta_replay_decode_triton(
     and warps of the coefficient launch), ``coef_per_key_head`` (Gated DeltaNet: one
     coefficient program per key head, shared by its value heads), ``coef_write_x`` (with
     it: that launch also writes the decay-scaled k_c and q for the output launch, which
-    otherwise scales them itself), ``flush_bf16_split`` (Gated DeltaNet flush: bf16 products of
-    the bf16 ring keys and a three-term split of the weighted u's instead of tf32x3; used only
-    with a bf16 key ring and never under the interpreter) and ``ring_by_cursor`` (ring loads of
-    the coefficient and output launches bounded by the cursor rather than by L). Defaults:
-    ``default_config``.
+    otherwise scales them itself), ``flush_bf16_split`` (flush: three bf16 products of the ring
+    operand that is exact in bf16 and a three-term split of the decay-weighted one instead of
+    tf32x3: Gated DeltaNet splits the weighted u's against its keys, KDA the weighted keys against
+    its u's; used only when that exact ring (keys for GDN, u's for KDA) is bf16, never under the
+    interpreter), ``ring_by_cursor`` (ring loads of the coefficient and output launches bounded
+    by the cursor rather than by L) and ``coef_narrow`` (KDA coefficient launch: rows with at
+    most half the ring filled work on half the window). Defaults: ``default_config``.
     ``one_launch``: run the small-batch kernel of ``triton_small_batch.py`` instead (K <= 256; with
     ``one_launch=True`` its knobs are ``block_v`` and ``num_warps``); by default it runs, with
     its own launch defaults, for batches of at most ``SMALL_BATCH_MAX`` rows.
@@ -585,6 +631,7 @@ def delta_replay_decode_triton(
         _delta_coef_kernel[(Bt * HV,)](
             q, k, g, k_buf, g_buf, cursor, xs, cw, *sq, *sk, *sg, *skb, *sgb, cursor.stride(0),
             HV, GROUP, K, L, KDA=kda, BK=BKC, NK=triton.cdiv(K, BKC), LP=LP, RING_BY_CURSOR=by_cur,
+            NARROW=kda and bool(cfg["coef_narrow"] if coef_narrow is None else coef_narrow),
             num_warps=coef_warps or cfg["coef_warps"],
         )
     _delta_output_kernel[(Bt * HV * NV,)](
@@ -597,7 +644,8 @@ def delta_replay_decode_triton(
     )
     n_prog = flush_programs or cfg["flush_programs"] * num_sms(dev.type, dev.index)
     interp = triton_interpreter_on()
-    bf16_split = (not kda and k_buf.dtype == torch.bfloat16 and not interp
+    exact_ring = u_buf if kda else k_buf  # the product operand that is not decay-weighted
+    bf16_split = (exact_ring.dtype == torch.bfloat16 and not interp
                   and bool(cfg["flush_bf16_split"] if flush_bf16_split is None else flush_bf16_split))
     for row0, n_rows, BB in flush_row_chunks(Bt):
         _delta_flush_kernel[(max(1, min(n_prog, n_rows * HV * NVF)),)](

@@ -91,6 +91,11 @@ CASES = [
     ("gdn-gva-L4-flush-bf16-split-asked", 2, 4, 20, 24, 4, False, dict(flush_bf16_split=True)),
     ("gdn-gva-L4-ring-by-L", 2, 4, 20, 24, 4, False, dict(ring_by_cursor=False)),
     ("kda-L4-ring-by-L", 2, 2, 20, 24, 4, True, dict(ring_by_cursor=False)),
+    ("kda-L4-flush-bf16-split-asked", 2, 2, 20, 24, 4, True, dict(flush_bf16_split=True)),
+    # half-window coefficients: L=12 (window 16) runs both the half (c <= 8) and the whole window
+    ("kda-L12-coef-narrow", 2, 2, 20, 24, 12, True, dict(coef_narrow=True)),
+    ("kda-L12-coef-narrow-ring-by-L-ktiles", 2, 2, 40, 24, 12, True, dict(coef_narrow=True, ring_by_cursor=False,
+                                                                          coef_block_k=16)),
 ]
 
 

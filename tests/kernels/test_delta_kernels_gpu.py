@@ -122,7 +122,8 @@ VARIANTS = {"bv32": dict(block_v=32, num_warps=4), "bv128-w8": dict(block_v=128,
             "coef-per-value-head": dict(coef_per_key_head=False),
             "coef-per-key-head-write-x": dict(coef_per_key_head=True, coef_write_x=True),
             "flush-tf32x3": dict(flush_bf16_split=False), "flush-bf16-split-bv64": dict(flush_block_v=64),
-            "ring-by-L": dict(ring_by_cursor=False)}
+            "ring-by-L": dict(ring_by_cursor=False), "flush-bf16-split": dict(flush_bf16_split=True),
+            "coef-narrow": dict(coef_narrow=True), "coef-whole-window": dict(coef_narrow=False)}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -134,12 +135,13 @@ def test_replay_variants_match_reference(shape, dtypes, variant):
 
 
 @pytest.mark.parametrize("split", [True, False], ids=["bf16-split", "tf32x3"])
-@pytest.mark.parametrize("shape", ["qwen35-4b", "odd-gdn"])
+@pytest.mark.parametrize("shape", ["qwen35-4b", "odd-gdn", "kimi-kda", "odd-kda"])
 def test_flush_product_exact_with_bf16_rings(shape, split):
     """fp32 checkpoint, bf16 rings, every row flushing: the new checkpoint is within 1e-6 (of
     its largest entry) of a float64 evaluation of the same checkpoint and ring values. On the
-    H200 (2026-12-01) the three-term bf16 split was 4e-7 off and tf32x3 2e-7, while a single
-    tf32 product was 4e-4 off and a two-term bf16 split 2e-6."""
+    H200 (2026-12-01, Gated DeltaNet) the three-term bf16 split was 4e-7 off and tf32x3 2e-7,
+    while a single tf32 product was 4e-4 off and a two-term bf16 split 2e-6. KDA splits its
+    per-channel weighted keys instead of the u's."""
     from replayssm.kernels.delta.triton_decode import delta_replay_decode_triton
 
     Hk, HV, K, V, kda = SHAPES[shape]
@@ -151,9 +153,12 @@ def test_flush_product_exact_with_bf16_rings(shape, split):
     s0 = state.double()
     kr = k_buf.double().repeat_interleave(grp, 1)[:, :, : L - 1]  # (Bt, HV, L-1, K)
     ur, gr = u_buf.double()[:, :, : L - 1], g_buf.double()[:, :, : L - 1]
-    gc = gr.sum(2) + g.double()
+    gc = gr.sum(2) + g.double()  # (Bt, HV) or, KDA, (Bt, HV, K)
     w = torch.exp(gc[:, :, None] - gr.cumsum(2))
-    a = torch.exp(gc)[..., None, None] * s0 + torch.einsum("bhjk,bhj,bhjv->bhkv", kr, w, ur)
+    if kda:
+        a = torch.exp(gc)[..., None] * s0 + torch.einsum("bhjk,bhjk,bhjv->bhkv", kr, w, ur)
+    else:
+        a = torch.exp(gc)[..., None, None] * s0 + torch.einsum("bhjk,bhj,bhjv->bhkv", kr, w, ur)
     kc = k.double().repeat_interleave(grp, 1)
     uc = beta.double()[..., None] * (v.double() - torch.einsum("bhkv,bhk->bhv", a, kc))
     new = a + kc[..., None] * uc[..., None, :]
