@@ -17,7 +17,8 @@ CUDA graph):
    ``xk = exp(G_c) k_c``, ``xq = exp(G_c) q`` and the ring coefficients
    ``ck_j = k_j . (exp(G_c - G_j) k_c)``, ``cq_j`` (same with q), ``k_c . q``, into an fp32
    scratch. The ring keys (and, for KDA, the per-channel gate ring with its cumulative
-   sums) are read here once per head instead of once per value-column block. Gated
+   sums) are read here once per head instead of once per value-column block (KDA rows with at
+   most L/2 entries work on a half-width window). Gated
    DeltaNet runs ``_gdn_coef_kernel`` instead by default: one program per (row, key head)
    computes the ring-key products once for the value heads sharing that key head (their
    scalar decays only weight them); with 16-bit checkpoints the output launch then scales
@@ -33,9 +34,10 @@ CUDA graph):
    found on the device from the cursors, so a step without flushes costs one small load
    per program and flush work spreads over the whole GPU however many rows flush. Each
    item rebuilds ``A + k_c u_c^T`` with a matrix product of the decay-weighted cached keys
-   and the buffered u's (``tf32x3`` for fp32 operands: plain tf32 drifts ~1e-2; for Gated
-   DeltaNet with a bf16 key ring, three bf16 products against a three-term bf16 split of the
-   weighted u's, which is faster and as exact) plus the current token's rank-1 term in fp32,
+   and the buffered u's (``tf32x3`` for fp32 operands: plain tf32 drifts ~1e-2; with the
+   unweighted operand's ring in bf16, three bf16 products against a three-term bf16 split of
+   the weighted one, which is faster and as exact: Gated DeltaNet splits the u's weighted by
+   its scalar decays, KDA the keys weighted per channel) plus the current token's rank-1 term in fp32,
    and stores it as the new checkpoint, rounded once.
 4. ``cursor <- (cursor + 1) % L`` on active rows (after every program has read it).
 
@@ -512,13 +514,18 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
         block_v, warps = (32, 2) if kda else (64, 2)
     # Ring loads bounded by the cursor (H200, batch 256, L=16, whole cycle, same run: Qwen3.5-4B
     # fp32 177.4 vs 182.0 µs, bf16 110.0 vs 118.9; 122B fp32 335.2 vs 342.6; KDA fp32 212.5 vs
-    # 220.9; examples/benchmarks/results/delta_ring_by_cursor_h200_2026-12-01.json). Not
-    # re-timed at batches 5-128 and 512, where the extra wait for the cursor weighs more.
+    # 220.9; examples/benchmarks/results/delta_ring_by_cursor_h200_2026-12-01.json). Every batch
+    # 8-512 and L 8-32 (delta_ring_by_cursor_all_batches_h200_2026-12-01.md): 1.00-1.21x, except
+    # Gated DeltaNet with 16-bit checkpoints at L=32 and batch >= 128 (0.92-0.98x).
+    # KDA (H200, batch 256, L=16, whole cycle, same run; results/delta_kda_split_narrow_h200_2026-12-01.md):
+    # half-window coefficient programs for rows at most half full, fp32 208.2 vs 212.7 µs with the two
+    # knobs' earlier defaults, bf16 142.4 vs 149.5; the flush's bf16 split of the weighted keys kept for
+    # 16-bit checkpoints only (fp32: 0.7% slower).
     split_16 = not kda and state_dtype.itemsize == 2  # 128-column flush items were timed with the split products
     return dict(block_v=block_v, num_warps=warps, block_k=bk, flush_block_v=128 if split_16 else 64, flush_warps=4,
                 flush_programs=2 if split_16 else 4, flush_stages=2, coef_block_k=128, coef_warps=1,
-                coef_per_key_head=not kda, coef_write_x=state_dtype.itemsize == 4, flush_bf16_split=True,
-                ring_by_cursor=True, coef_narrow=kda)
+                coef_per_key_head=not kda, coef_write_x=state_dtype.itemsize == 4,
+                flush_bf16_split=not kda or state_dtype.itemsize == 2, ring_by_cursor=True, coef_narrow=kda)
 
 
 def delta_replay_decode_triton(
