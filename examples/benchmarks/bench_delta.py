@@ -50,7 +50,7 @@ SHAPES = {  # name: (Hk, HV, K, V, kda)
 BATCHES = [1, 8, 32, 128, 256, 512]
 LS = [8, 16, 32]
 L2_BYTES = 60e6
-FLA_MAX_BATCH = 128  # fla above this batch runs in a child process (see time_fla_in_child)
+FLA_IN_PROCESS_MAX_BATCH = 128  # fla above this batch runs in a child process (see time_fla_in_child)
 
 
 # ----------------------------------------------------------------------------- loaders
@@ -230,7 +230,7 @@ def bench_config(shape, Bt, sdt, Ls, dev, copy_bw, hf, fla, hf_cache, replay_kw=
     # flash-linear-attention's fused recurrent kernels, if importable (benchmark only), fp32 state.
     res["fla_us"] = None
     if fla.get(kind) is not None and sdt == torch.float32:
-        if Bt <= FLA_MAX_BATCH or dev != "cuda":
+        if Bt <= FLA_IN_PROCESS_MAX_BATCH or dev != "cuda":
             res.update(time_fla(fla[kind], kind, lay))
         else:
             res.update(time_fla_in_child(shape, Bt))

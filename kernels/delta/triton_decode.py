@@ -371,6 +371,15 @@ def _delta_output_kernel(
 
 
 @triton.jit
+def _bf16_split3(x):
+    """fp32 x as hi + mid + lo in bf16 (24 significant bits together: exact to fp32 rounding)."""
+    hi = x.to(tl.bfloat16)
+    rest = x - hi.to(tl.float32)
+    mid = rest.to(tl.bfloat16)
+    return hi, mid, (rest - mid.to(tl.float32)).to(tl.bfloat16)
+
+
+@triton.jit
 def _delta_flush_kernel(
     k_ptr, g_ptr, s_ptr, ub_ptr, kb_ptr, gb_ptr, cur_ptr, uf_ptr,
     sk_b, sk_h, sk_k,
@@ -426,10 +435,7 @@ def _delta_flush_kernel(
             ub = ub * tl.where(ml, tl.exp(gtot - gcum), 0.0)[:, None]
             dsc = tl.exp(gtot)
             if BF16_SPLIT:
-                u_hi = ub.to(tl.bfloat16)
-                u_rest = ub - u_hi.to(tl.float32)
-                u_mid = u_rest.to(tl.bfloat16)
-                u_lo = (u_rest - u_mid.to(tl.float32)).to(tl.bfloat16)
+                u_hi, u_mid, u_lo = _bf16_split3(ub)
         for i_k in range(NK):
             offs_k = i_k * BK + tl.arange(0, BK)
             mk = offs_k < K
@@ -446,10 +452,7 @@ def _delta_flush_kernel(
                 kw = kw.to(tl.float32) * tl.exp(gt[:, None] - tl.cumsum(gm, axis=1))
                 acc = s0 * tl.exp(gt)[:, None]
                 if BF16_SPLIT:
-                    k_hi = kw.to(tl.bfloat16)
-                    k_rest = kw - k_hi.to(tl.float32)
-                    k_mid = k_rest.to(tl.bfloat16)
-                    k_lo = (k_rest - k_mid.to(tl.float32)).to(tl.bfloat16)
+                    k_hi, k_mid, k_lo = _bf16_split3(kw)
                     acc = tl.dot(k_hi, ub, acc)
                     acc = tl.dot(k_mid, ub, acc)
                     acc = tl.dot(k_lo, ub, acc)
