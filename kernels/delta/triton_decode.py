@@ -391,12 +391,15 @@ def _delta_flush_kernel(
     sc_b,
     row0, n_rows, HV, GROUP, K, V, L, NV,
     KDA: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr,
-    BB: tl.constexpr, DOT_PREC: tl.constexpr, BF16_SPLIT: tl.constexpr,
+    BB: tl.constexpr, DOT_PREC: tl.constexpr, BF16_SPLIT: tl.constexpr, HEAD_ITEMS: tl.constexpr,
 ):
-    """Persistent: the programs share the work items (flush row, value head, column block)
-    of the rows ``row0 .. row0 + n_rows - 1`` whose cursor is ``L - 1``, found on the device
-    from the cursors (a prefix count), so a step without flush rows costs one small load
-    per program and flush work spreads over every program whether 1 row or all flush.
+    """Persistent: the programs share the work items of the rows ``row0 .. row0 + n_rows - 1``
+    whose cursor is ``L - 1``, found on the device from the cursors (a prefix count), so a step
+    without flush rows costs one small load per program and flush work spreads over every
+    program whether 1 row or all flush. An item is a (flush row, value head, column block), or
+    with HEAD_ITEMS a (flush row, value head) whose column blocks the program walks in turn: the
+    ring keys (and, for KDA, the per-channel decay weights with their exps and cumulative sums)
+    are then loaded and computed once per head instead of once per column block.
 
     BF16_SPLIT: the buffered terms are three bf16 tensor-core products, one operand exact in
     bf16 and the other, decay-weighted one split into three bf16 terms (hi + mid + lo carry 24
@@ -404,43 +407,36 @@ def _delta_flush_kernel(
     key ring) splits the weighted u's; KDA (bf16 u ring), whose decays weight each key channel,
     splits the weighted keys."""
     csum, n_flush = flush_row_prefix(cur_ptr, sc_b, row0, n_rows, L, BB)
-    per_row = HV * NV
+    per_row = HV if HEAD_ITEMS else HV * NV
+    n_cols = NV if HEAD_ITEMS else 1  # column blocks per item
     total = n_flush * per_row
     offs_l = tl.arange(0, LP)
     ml = offs_l < L - 1  # the L - 1 buffered entries
     for w in range(tl.program_id(0), total, tl.num_programs(0)):
         rank = w // per_row
         rem = w - rank * per_row
-        h = rem // NV
-        i_v = rem - h * NV
+        if HEAD_ITEMS:
+            h = rem
+            i_v0 = rem * 0
+        else:
+            h = rem // NV
+            i_v0 = rem - h * NV
         b = nth_flush_row(csum, rank, row0)
         hk = h // GROUP
         i_bh = b * HV + h
-        offs_v = i_v * BV + tl.arange(0, BV)
-        mv = offs_v < V
         s_base = s_ptr + b * ss_b + h * ss_h
+        ub_base = ub_ptr + b * sub_b + h * sub_h
         kb_base = kb_ptr + b * skb_b + hk * skb_h
         gb_base = gb_ptr + b * sgb_b + h * sgb_h
         g_base = g_ptr + b * sg_b + h * sg_h
-
-        ub = tl.load(ub_ptr + b * sub_b + h * sub_h + offs_l[:, None] * sub_l + offs_v[None, :] * sub_v,
-                     mask=ml[:, None] & mv[None, :], other=0.0)  # (LP, BV), ring dtype
-        if not (KDA and BF16_SPLIT):
-            ub = ub.to(tl.float32)
-        uc = tl.load(uf_ptr + i_bh * V + offs_v, mask=mv, other=0.0)
         if not KDA:
             gh = tl.load(gb_base + offs_l * sgb_l, mask=ml, other=0.0).to(tl.float32)
-            gcum = tl.cumsum(gh, axis=0)
             gtot = tl.sum(gh, axis=0) + tl.load(g_base).to(tl.float32)
-            ub = ub * tl.where(ml, tl.exp(gtot - gcum), 0.0)[:, None]
+            wl = tl.where(ml, tl.exp(gtot - tl.cumsum(gh, axis=0)), 0.0)  # (LP,) decay weights
             dsc = tl.exp(gtot)
-            if BF16_SPLIT:
-                u_hi, u_mid, u_lo = _bf16_split3(ub)
         for i_k in range(NK):
             offs_k = i_k * BK + tl.arange(0, BK)
             mk = offs_k < K
-            m2 = mk[:, None] & mv[None, :]
-            s0 = tl.load(s_base + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v, mask=m2, other=0.0).to(tl.float32)
             kc = tl.load(k_ptr + b * sk_b + hk * sk_h + offs_k * sk_k, mask=mk, other=0.0).to(tl.float32)
             kw = tl.load(kb_base + offs_k[:, None] * skb_k + offs_l[None, :] * skb_l,
                          mask=mk[:, None] & ml[None, :], other=0.0)  # (BK, LP), ring dtype
@@ -450,25 +446,39 @@ def _delta_flush_kernel(
                              mask=mk[:, None] & ml[None, :], other=0.0).to(tl.float32)
                 gt = tl.sum(gm, axis=1) + gv
                 kw = kw.to(tl.float32) * tl.exp(gt[:, None] - tl.cumsum(gm, axis=1))
-                acc = s0 * tl.exp(gt)[:, None]
+                dk = tl.exp(gt)
                 if BF16_SPLIT:
                     k_hi, k_mid, k_lo = _bf16_split3(kw)
-                    acc = tl.dot(k_hi, ub, acc)
-                    acc = tl.dot(k_mid, ub, acc)
-                    acc = tl.dot(k_lo, ub, acc)
+            for j in range(n_cols):
+                offs_v = (i_v0 + j) * BV + tl.arange(0, BV)
+                mv = offs_v < V
+                m2 = mk[:, None] & mv[None, :]
+                ub = tl.load(ub_base + offs_l[:, None] * sub_l + offs_v[None, :] * sub_v,
+                             mask=ml[:, None] & mv[None, :], other=0.0)  # (LP, BV), ring dtype
+                uc = tl.load(uf_ptr + i_bh * V + offs_v, mask=mv, other=0.0)
+                s0 = tl.load(s_base + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v, mask=m2,
+                             other=0.0).to(tl.float32)
+                if KDA:
+                    acc = s0 * dk[:, None]
+                    if BF16_SPLIT:
+                        acc = tl.dot(k_hi, ub, acc)
+                        acc = tl.dot(k_mid, ub, acc)
+                        acc = tl.dot(k_lo, ub, acc)
+                    else:
+                        acc += tl.dot(kw, ub.to(tl.float32), input_precision=DOT_PREC)
                 else:
-                    acc += tl.dot(kw, ub, input_precision=DOT_PREC)
-            else:
-                acc = s0 * dsc
-                if BF16_SPLIT:
-                    acc = tl.dot(kw, u_hi, acc)
-                    acc = tl.dot(kw, u_mid, acc)
-                    acc = tl.dot(kw, u_lo, acc)
-                else:
-                    acc += tl.dot(kw.to(tl.float32), ub, input_precision=DOT_PREC)
-            acc += kc[:, None] * uc[None, :]
-            tl.store(s_base + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v, acc.to(s_ptr.dtype.element_ty),
-                     mask=m2)
+                    acc = s0 * dsc
+                    ub = ub.to(tl.float32) * wl[:, None]
+                    if BF16_SPLIT:
+                        u_hi, u_mid, u_lo = _bf16_split3(ub)
+                        acc = tl.dot(kw, u_hi, acc)
+                        acc = tl.dot(kw, u_mid, acc)
+                        acc = tl.dot(kw, u_lo, acc)
+                    else:
+                        acc += tl.dot(kw.to(tl.float32), ub, input_precision=DOT_PREC)
+                acc += kc[:, None] * uc[None, :]
+                tl.store(s_base + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v, acc.to(s_ptr.dtype.element_ty),
+                         mask=m2)
 
 
 @triton.jit
@@ -497,7 +507,7 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
         return dict(block_v=32, num_warps=8, block_k=bk, flush_block_v=16, flush_warps=8, flush_programs=4,
                     flush_stages=2, coef_block_k=64, coef_warps=1,
                     coef_per_key_head=False, coef_write_x=True, flush_bf16_split=False, ring_by_cursor=True,
-                    coef_narrow=False)
+                    coef_narrow=False, flush_head_items=False)
     # H200, batch 256, L=16 (examples/benchmarks/results/delta_h200_2026-11-30_r4*): output
     # programs of 1-2 warps, because the key-dim reduction crosses warps (4 warps: 16-bit
     # checkpoints 1.46-1.53x slower, fp32 1.03-1.06x); flush items of 64 columns with a
@@ -522,13 +532,17 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
     # Gated DeltaNet with 16-bit checkpoints at L=32 and batch >= 128 (0.92-0.98x).
     # KDA (H200, batch 256, L=16, whole cycle, same run; results/delta_kda_split_narrow_h200_2026-12-01.md):
     # half-window coefficient programs for rows at most half full, fp32 208.2 vs 212.7 µs with the two
-    # knobs' earlier defaults, bf16 142.4 vs 149.5; the flush's bf16 split of the weighted keys kept for
-    # 16-bit checkpoints only (fp32: 0.7% slower).
+    # knobs' earlier defaults, bf16 142.4 vs 149.5 (the bf16 split flush was then 0.7% slower at fp32).
+    # Flush items of whole value heads, the ring keys and KDA's decay weights computed once per head
+    # (H200, batch 256, L=16, whole cycle, same run; results/delta_flush_head_items_h200_2026-12-01.md):
+    # Qwen3.5-4B fp32 176.0 vs 178.2 µs, 122B fp32 333.1 vs 335.6, KDA fp32 206.7 vs 211.1, KDA bf16
+    # 136.0 vs 141.1. With them, KDA's bf16 split flush is faster at fp32 too (200.7 vs 206.7), and a
+    # flush loop without software pipelining is (KDA fp32 199.2, bf16 134.7).
     split_16 = not kda and state_dtype.itemsize == 2  # 128-column flush items were timed with the split products
     return dict(block_v=block_v, num_warps=warps, block_k=bk, flush_block_v=128 if split_16 else 64, flush_warps=4,
-                flush_programs=2 if split_16 else 4, flush_stages=2, coef_block_k=128, coef_warps=1,
+                flush_programs=2 if split_16 else 4, flush_stages=1 if kda else 2, coef_block_k=128, coef_warps=1,
                 coef_per_key_head=not kda, coef_write_x=state_dtype.itemsize == 4,
-                flush_bf16_split=not kda or state_dtype.itemsize == 2, ring_by_cursor=True, coef_narrow=kda)
+                flush_bf16_split=True, ring_by_cursor=True, coef_narrow=kda, flush_head_items=True)
 
 
 def delta_replay_decode_triton(
@@ -560,6 +574,7 @@ def delta_replay_decode_triton(
     flush_bf16_split: bool | None = None,
     ring_by_cursor: bool | None = None,
     coef_narrow: bool | None = None,
+    flush_head_items: bool | None = None,
 ) -> torch.Tensor:
     """Triton version of ``delta_replay_decode_reference`` (same arguments and result).
 
@@ -578,8 +593,10 @@ def delta_replay_decode_triton(
     tf32x3: Gated DeltaNet splits the weighted u's against its keys, KDA the weighted keys against
     its u's; used only when that exact ring (keys for GDN, u's for KDA) is bf16, never under the
     interpreter), ``ring_by_cursor`` (ring loads of the coefficient and output launches bounded
-    by the cursor rather than by L) and ``coef_narrow`` (KDA coefficient launch: rows with at
-    most half the ring filled work on half the window). Defaults: ``default_config``.
+    by the cursor rather than by L), ``coef_narrow`` (KDA coefficient launch: rows with at
+    most half the ring filled work on half the window) and ``flush_head_items`` (flush work
+    items of a whole value head, whose column blocks one program walks: ring keys and KDA decay
+    weights loaded and computed once per head). Defaults: ``default_config``.
     ``one_launch``: run the small-batch kernel of ``triton_small_batch.py`` instead (K <= 256; with
     ``one_launch=True`` its knobs are ``block_v`` and ``num_warps``); by default it runs, with
     its own launch defaults, for batches of at most ``SMALL_BATCH_MAX`` rows.
@@ -657,13 +674,14 @@ def delta_replay_decode_triton(
     exact_ring = u_buf if kda else k_buf  # the product operand that is not decay-weighted
     bf16_split = (exact_ring.dtype == torch.bfloat16 and not interp
                   and bool(cfg["flush_bf16_split"] if flush_bf16_split is None else flush_bf16_split))
+    head_items = bool(cfg["flush_head_items"] if flush_head_items is None else flush_head_items)
     for row0, n_rows, BB in flush_row_chunks(Bt):
-        _delta_flush_kernel[(max(1, min(n_prog, n_rows * HV * NVF)),)](
+        _delta_flush_kernel[(max(1, min(n_prog, n_rows * HV * (1 if head_items else NVF))),)](
             k, g, state, u_buf, k_buf, g_buf, cursor, uf,
             *sk, *sg, *ss, *sub, *skb, *sgb, cursor.stride(0),
             row0, n_rows, HV, GROUP, K, V, L, NVF,
             KDA=kda, BK=BK, NK=NK, BV=BVF, LP=LP, BB=BB,
-            DOT_PREC="ieee" if interp else "tf32x3", BF16_SPLIT=bf16_split,
+            DOT_PREC="ieee" if interp else "tf32x3", BF16_SPLIT=bf16_split, HEAD_ITEMS=head_items,
             num_warps=flush_warps or cfg["flush_warps"], num_stages=flush_stages or cfg["flush_stages"],
         )
     advance_cursor_triton(cursor, L)

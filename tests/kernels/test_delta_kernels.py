@@ -96,6 +96,13 @@ CASES = [
     ("kda-L12-coef-narrow", 2, 2, 20, 24, 12, True, dict(coef_narrow=True)),
     ("kda-L12-coef-narrow-ring-by-L-ktiles", 2, 2, 40, 24, 12, True, dict(coef_narrow=True, ring_by_cursor=False,
                                                                           coef_block_k=16)),
+    # flush items of whole value heads: one program walks the head's column blocks (2 or 3 here)
+    ("gdn-gva-L4-flush-head-items-2vblocks", 2, 4, 20, 24, 4, False, dict(flush_head_items=True, flush_block_v=16)),
+    ("kda-L4-flush-head-items-2vblocks", 2, 2, 20, 24, 4, True, dict(flush_head_items=True, flush_block_v=16)),
+    ("kda-L3-flush-head-items-ktiles-3vblocks", 2, 2, 40, 40, 3, True, dict(flush_head_items=True, block_k=16,
+                                                                            flush_block_v=16, flush_programs=3)),
+    ("gdn-L3-flush-head-items-ktiles", 1, 2, 40, 24, 3, False, dict(flush_head_items=True, block_k=16,
+                                                                     flush_block_v=16)),
 ]
 
 

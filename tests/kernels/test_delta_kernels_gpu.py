@@ -123,7 +123,9 @@ VARIANTS = {"bv32": dict(block_v=32, num_warps=4), "bv128-w8": dict(block_v=128,
             "coef-per-key-head-write-x": dict(coef_per_key_head=True, coef_write_x=True),
             "flush-tf32x3": dict(flush_bf16_split=False), "flush-bf16-split-bv64": dict(flush_block_v=64),
             "ring-by-L": dict(ring_by_cursor=False), "flush-bf16-split": dict(flush_bf16_split=True),
-            "coef-narrow": dict(coef_narrow=True), "coef-whole-window": dict(coef_narrow=False)}
+            "coef-narrow": dict(coef_narrow=True), "coef-whole-window": dict(coef_narrow=False),
+            "flush-head-items": dict(flush_head_items=True), "flush-column-items": dict(flush_head_items=False),
+            "flush-head-items-bv32": dict(flush_head_items=True, flush_block_v=32)}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -134,9 +136,10 @@ def test_replay_variants_match_reference(shape, dtypes, variant):
     _cycle_vs_reference(shape, *dtypes, L=16, **VARIANTS[variant])
 
 
+@pytest.mark.parametrize("head_items", [True, False], ids=["head-items", "column-items"])
 @pytest.mark.parametrize("split", [True, False], ids=["bf16-split", "tf32x3"])
 @pytest.mark.parametrize("shape", ["qwen35-4b", "odd-gdn", "kimi-kda", "odd-kda"])
-def test_flush_product_exact_with_bf16_rings(shape, split):
+def test_flush_product_exact_with_bf16_rings(shape, split, head_items):
     """fp32 checkpoint, bf16 rings, every row flushing: the new checkpoint is within 1e-6 (of
     its largest entry) of a float64 evaluation of the same checkpoint and ring values. On the
     H200 (2026-12-01, Gated DeltaNet) the three-term bf16 split was 4e-7 off and tf32x3 2e-7,
@@ -163,7 +166,7 @@ def test_flush_product_exact_with_bf16_rings(shape, split):
     uc = beta.double()[..., None] * (v.double() - torch.einsum("bhkv,bhk->bhv", a, kc))
     new = a + kc[..., None] * uc[..., None, :]
     delta_replay_decode_triton(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, one_launch=False,
-                               flush_bf16_split=split)
+                               flush_bf16_split=split, flush_head_items=head_items)
     err = ((state.double() - new).abs().max() / new.abs().max()).item()
     assert err < 1e-6, err
     assert torch.equal(cursor, torch.zeros_like(cursor))
