@@ -78,3 +78,18 @@ def num_sms(device_type: str, index: int | None = None) -> int:
         return torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()
                                                 ).multi_processor_count
     return 132
+
+
+@functools.lru_cache(maxsize=16)
+def dependent_launch_supported(device_type: str, index: int | None = None) -> bool:
+    """Whether a launch may start while the launch before it finishes (programmatic dependent
+    launch: CUDA devices of compute capability 9.0 or newer, a Triton with grid dependency
+    control; never under the interpreter)."""
+    if device_type != "cuda" or triton_interpreter_on() or not triton_available():
+        return False
+    try:
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401
+    except Exception:
+        return False
+    cap = torch.cuda.get_device_capability(index if index is not None else torch.cuda.current_device())
+    return cap[0] >= 9

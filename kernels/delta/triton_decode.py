@@ -59,7 +59,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ..backend import num_sms, triton_interpreter_on
+from ..backend import dependent_launch_supported, num_sms, triton_interpreter_on
+
+try:  # grid dependency control (programmatic dependent launch), Triton >= 3.3
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except Exception:  # pragma: no cover - older Triton: dependent_launch_supported() is False
+    gdc_launch_dependents = gdc_wait = None
 from ..persistent import flush_row_chunks, flush_row_prefix, nth_flush_row
 from .reference import _check_shapes
 
@@ -155,14 +160,17 @@ def _delta_coef_kernel(
     sc_b,
     HV, GROUP, K, L,
     KDA: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, LP: tl.constexpr, RING_BY_CURSOR: tl.constexpr,
-    NARROW: tl.constexpr,
+    NARROW: tl.constexpr, PDL: tl.constexpr,
 ):
     """x scratch (Bt, HV, 2, K): [xk, xq]; cw scratch (Bt, HV, 3, LP): [ck, cq, (k_c . q, 0...)].
 
     Idle rows (c < 0) are computed too, with an empty ring (their scratch is never used).
     NARROW (KDA): rows with ``c <= LP / 2`` work on half the ring window (half the exps,
     cumulative sums and products; the window is fixed at compile time, the cursor is not).
+    PDL: let the output launch start now (it waits for this launch before reading the scratch).
     """
+    if PDL:
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     b = (pid // HV).to(tl.int64)
     h = pid % HV
@@ -205,13 +213,16 @@ def _gdn_coef_kernel(
     sc_b,
     Hk, GROUP, K, L,
     BK: tl.constexpr, NK: tl.constexpr, LP: tl.constexpr, WRITE_X: tl.constexpr, RING_BY_CURSOR: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Gated DeltaNet coefficients, one program per (row, key head): the ring-key products
     ``k_j . k_c`` and ``k_j . q`` are computed once for the GROUP value heads that share the
     key head; each value head then gets them weighted by its own decays. cw scratch
     (Bt, HV, 3, LP): [ck, cq, (k_c . q, exp(G_c), 0...)]; the output launch scales k_c and q
     by exp(G_c) itself, unless WRITE_X: then this launch writes the x scratch (Bt, HV, 2, K)
-    [exp(G_c) k_c, exp(G_c) q] as ``_delta_coef_kernel`` does."""
+    [exp(G_c) k_c, exp(G_c) q] as ``_delta_coef_kernel`` does. PDL: as there."""
+    if PDL:
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     b = (pid // Hk).to(tl.int64)
     hk = pid % Hk
@@ -282,11 +293,14 @@ def _delta_output_kernel(
     sc_b,
     HV, GROUP, K, V, L, NV,
     KDA: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr,
-    WRITE_IDLE: tl.constexpr, X_FROM_KEYS: tl.constexpr, RING_BY_CURSOR: tl.constexpr,
+    WRITE_IDLE: tl.constexpr, X_FROM_KEYS: tl.constexpr, RING_BY_CURSOR: tl.constexpr, PDL: tl.constexpr,
 ):
     """X_FROM_KEYS (Gated DeltaNet): scale k_c and q by exp(G_c) (cw[2, 1]) here instead of
     reading them from the x scratch. RING_BY_CURSOR: the u ring load is bounded by the cursor
-    (it then waits for the cursor; the checkpoint tile load does not)."""
+    (it then waits for the cursor; the checkpoint tile load does not). PDL: launched as a
+    programmatic dependent of the coefficient launch, so its checkpoint, ring and input loads
+    (nothing that launch writes) are issued while that launch finishes; the scratch is read
+    after ``gdc_wait``."""
     pid = tl.program_id(0)
     i_v = pid % NV
     i_bh = pid // NV
@@ -313,13 +327,15 @@ def _delta_output_kernel(
     ub = tl.load(ub_base + offs_l[:, None] * sub_l + offs_v[None, :] * sub_v,
                  mask=((offs_l < c) if RING_BY_CURSOR else (offs_l < L))[:, None] & mv[None, :],
                  other=0.0)  # (LP, BV)
+    vv = tl.load(v_ptr + b * sv_b + h * sv_h + offs_v * sv_v, mask=mv, other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + b * sbt_b + h * sbt_h).to(tl.float32)
+    if PDL:
+        gdc_wait()  # the coefficient launch's scratch is complete and visible after this
     ck = tl.load(cw_base + offs_l)
     cq = tl.load(cw_base + LP + offs_l)
     kq = tl.load(cw_base + 2 * LP)
     if X_FROM_KEYS:
         dsc = tl.load(cw_base + 2 * LP + 1)
-    vv = tl.load(v_ptr + b * sv_b + h * sv_h + offs_v * sv_v, mask=mv, other=0.0).to(tl.float32)
-    beta = tl.load(beta_ptr + b * sbt_b + h * sbt_h).to(tl.float32)
     if c < 0:
         if WRITE_IDLE:
             tl.store(o_base, tl.zeros([BV], dtype=o_ptr.dtype.element_ty), mask=mv)
@@ -507,7 +523,7 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
         return dict(block_v=32, num_warps=8, block_k=bk, flush_block_v=16, flush_warps=8, flush_programs=4,
                     flush_stages=2, coef_block_k=64, coef_warps=1,
                     coef_per_key_head=False, coef_write_x=True, flush_bf16_split=False, ring_by_cursor=True,
-                    coef_narrow=False, flush_head_items=False)
+                    coef_narrow=False, flush_head_items=False, dependent_launch=False)
     # H200, batch 256, L=16 (examples/benchmarks/results/delta_h200_2026-11-30_r4*): output
     # programs of 1-2 warps, because the key-dim reduction crosses warps (4 warps: 16-bit
     # checkpoints 1.46-1.53x slower, fp32 1.03-1.06x); flush items of 64 columns with a
@@ -538,11 +554,16 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
     # Qwen3.5-4B fp32 176.0 vs 178.2 µs, 122B fp32 333.1 vs 335.6, KDA fp32 206.7 vs 211.1, KDA bf16
     # 136.0 vs 141.1. With them, KDA's bf16 split flush is faster at fp32 too (200.7 vs 206.7), and a
     # flush loop without software pipelining is (KDA fp32 199.2, bf16 134.7).
+    # The output launch as a programmatic dependent of the coefficient launch, for KDA with fp32
+    # checkpoints only (H200, L=16, whole cycle, same run; results/delta_dependent_launch_h200_2026-12-01.md):
+    # batch 256 1.010x, 32 1.013x, 8 1.080x; elsewhere mixed (Gated DeltaNet fp32 1.003-1.005x at batch
+    # 256 but 0.977x at 32; bf16 checkpoints 0.85x (Qwen3.5-4B) and 0.987x (KDA) at batch 256).
     split_16 = not kda and state_dtype.itemsize == 2  # 128-column flush items were timed with the split products
     return dict(block_v=block_v, num_warps=warps, block_k=bk, flush_block_v=128 if split_16 else 64, flush_warps=4,
                 flush_programs=2 if split_16 else 4, flush_stages=1 if kda else 2, coef_block_k=128, coef_warps=1,
                 coef_per_key_head=not kda, coef_write_x=state_dtype.itemsize == 4,
-                flush_bf16_split=True, ring_by_cursor=True, coef_narrow=kda, flush_head_items=True)
+                flush_bf16_split=True, ring_by_cursor=True, coef_narrow=kda, flush_head_items=True,
+                dependent_launch=kda and state_dtype.itemsize == 4)
 
 
 def delta_replay_decode_triton(
@@ -575,6 +596,7 @@ def delta_replay_decode_triton(
     ring_by_cursor: bool | None = None,
     coef_narrow: bool | None = None,
     flush_head_items: bool | None = None,
+    dependent_launch: bool | None = None,
 ) -> torch.Tensor:
     """Triton version of ``delta_replay_decode_reference`` (same arguments and result).
 
@@ -596,7 +618,9 @@ def delta_replay_decode_triton(
     by the cursor rather than by L), ``coef_narrow`` (KDA coefficient launch: rows with at
     most half the ring filled work on half the window) and ``flush_head_items`` (flush work
     items of a whole value head, whose column blocks one program walks: ring keys and KDA decay
-    weights loaded and computed once per head). Defaults: ``default_config``.
+    weights loaded and computed once per head) and ``dependent_launch`` (the output launch starts
+    while the coefficient launch finishes: programmatic dependent launch, where the device and
+    Triton support it; see ``dependent_launch_supported``). Defaults: ``default_config``.
     ``one_launch``: run the small-batch kernel of ``triton_small_batch.py`` instead (K <= 256; with
     ``one_launch=True`` its knobs are ``block_v`` and ``num_warps``); by default it runs, with
     its own launch defaults, for batches of at most ``SMALL_BATCH_MAX`` rows.
@@ -648,17 +672,19 @@ def delta_replay_decode_triton(
     GROUP = HV // Hk
     BKC = max(16, min(coef_block_k or cfg["coef_block_k"], triton.next_power_of_2(K)))
     by_cur = bool(cfg["ring_by_cursor"] if ring_by_cursor is None else ring_by_cursor)
+    pdl = (bool(cfg["dependent_launch"] if dependent_launch is None else dependent_launch)
+           and dependent_launch_supported(dev.type, dev.index))
     if per_key:
         _gdn_coef_kernel[(Bt * Hk,)](
             q, k, g, k_buf, g_buf, cursor, xs, cw, *sq, *sk, *g.stride(), *skb, *g_buf.stride()[:3], cursor.stride(0),
-            Hk, GROUP, K, L, BK=BKC, NK=triton.cdiv(K, BKC), LP=LP, WRITE_X=write_x, RING_BY_CURSOR=by_cur,
+            Hk, GROUP, K, L, BK=BKC, NK=triton.cdiv(K, BKC), LP=LP, WRITE_X=write_x, RING_BY_CURSOR=by_cur, PDL=pdl,
             num_warps=coef_warps or cfg["coef_warps"],
         )
     else:
         _delta_coef_kernel[(Bt * HV,)](
             q, k, g, k_buf, g_buf, cursor, xs, cw, *sq, *sk, *sg, *skb, *sgb, cursor.stride(0),
             HV, GROUP, K, L, KDA=kda, BK=BKC, NK=triton.cdiv(K, BKC), LP=LP, RING_BY_CURSOR=by_cur,
-            NARROW=kda and bool(cfg["coef_narrow"] if coef_narrow is None else coef_narrow),
+            NARROW=kda and bool(cfg["coef_narrow"] if coef_narrow is None else coef_narrow), PDL=pdl,
             num_warps=coef_warps or cfg["coef_warps"],
         )
     _delta_output_kernel[(Bt * HV * NV,)](
@@ -666,8 +692,8 @@ def delta_replay_decode_triton(
         *sq, *sk, *sv, *sg, *beta.stride(), *ss, *sub, *skb, *sgb, *out.stride(), cursor.stride(0),
         HV, GROUP, K, V, L, NV,
         KDA=kda, BK=BK, NK=NK, BV=BV, LP=LP, WRITE_IDLE=bool(write_idle), X_FROM_KEYS=x_from_keys,
-        RING_BY_CURSOR=by_cur,
-        num_warps=num_warps or cfg["num_warps"],
+        RING_BY_CURSOR=by_cur, PDL=pdl,
+        num_warps=num_warps or cfg["num_warps"], **({"launch_pdl": True} if pdl else {}),
     )
     n_prog = flush_programs or cfg["flush_programs"] * num_sms(dev.type, dev.index)
     interp = triton_interpreter_on()

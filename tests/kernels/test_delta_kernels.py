@@ -94,6 +94,7 @@ CASES = [
     ("kda-L4-flush-bf16-split-asked", 2, 2, 20, 24, 4, True, dict(flush_bf16_split=True)),
     # half-window coefficients: L=12 (window 16) runs both the half (c <= 8) and the whole window
     ("kda-L12-coef-narrow", 2, 2, 20, 24, 12, True, dict(coef_narrow=True)),
+    ("kda-L4-dependent-launch-asked", 2, 2, 20, 24, 4, True, dict(dependent_launch=True)),
     ("kda-L12-coef-narrow-ring-by-L-ktiles", 2, 2, 40, 24, 12, True, dict(coef_narrow=True, ring_by_cursor=False,
                                                                           coef_block_k=16)),
     # flush items of whole value heads: one program walks the head's column blocks (2 or 3 here)
@@ -104,6 +105,14 @@ CASES = [
     ("gdn-L3-flush-head-items-ktiles", 1, 2, 40, 24, 3, False, dict(flush_head_items=True, block_k=16,
                                                                      flush_block_v=16)),
 ]
+
+
+def test_no_dependent_launch_off_the_gpu():
+    """Programmatic dependent launch needs a CUDA device: the interpreter never asks for it
+    (the knob is then ignored, as the interpreter cases with it show)."""
+    from replayssm.kernels.backend import dependent_launch_supported
+
+    assert not dependent_launch_supported("cpu")
 
 
 def test_flush_rows_split_over_several_launches(monkeypatch):
