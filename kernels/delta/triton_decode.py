@@ -520,8 +520,8 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
     tile, flush programs per multiprocessor). Cached: callers must not modify the dict."""
     bk = min(triton.next_power_of_2(K), 256)
     if bk >= 256:
-        return dict(block_v=32, num_warps=8, block_k=bk, flush_block_v=16, flush_warps=8, flush_programs=4,
-                    flush_stages=2, coef_block_k=64, coef_warps=1,
+        return dict(block_v=32, num_warps=8, block_k=bk, flush_block_v=16, flush_block_k=bk, flush_warps=8,
+                    flush_programs=4, flush_stages=2, coef_block_k=64, coef_warps=1,
                     coef_per_key_head=False, coef_write_x=True, flush_bf16_split=False, ring_by_cursor=True,
                     coef_narrow=False, flush_head_items=False, dependent_launch=False)
     # H200, batch 256, L=16 (examples/benchmarks/results/delta_h200_2026-11-30_r4*): output
@@ -558,8 +558,12 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
     # checkpoints only (H200, L=16, whole cycle, same run; results/delta_dependent_launch_h200_2026-12-01.md):
     # batch 256 1.010x, 32 1.013x, 8 1.080x; elsewhere mixed (Gated DeltaNet fp32 1.003-1.005x at batch
     # 256 but 0.977x at 32; bf16 checkpoints 0.85x (Qwen3.5-4B) and 0.987x (KDA) at batch 256).
+    # KDA flush over 32-channel key tiles (H200, batch 256, L=16, whole cycle, same run;
+    # results/delta_kda_more_variants_h200_2026-12-01.md): fp32 196.9 vs 197.6 µs, bf16 133.6 vs 134.8
+    # (Gated DeltaNet: 0.999-1.000x fp32, 0.94x bf16, so it keeps whole-key tiles).
     split_16 = not kda and state_dtype.itemsize == 2  # 128-column flush items were timed with the split products
-    return dict(block_v=block_v, num_warps=warps, block_k=bk, flush_block_v=128 if split_16 else 64, flush_warps=4,
+    return dict(block_v=block_v, num_warps=warps, block_k=bk, flush_block_v=128 if split_16 else 64,
+                flush_block_k=32 if kda else bk, flush_warps=4,
                 flush_programs=2 if split_16 else 4, flush_stages=1 if kda else 2, coef_block_k=128, coef_warps=1,
                 coef_per_key_head=not kda, coef_write_x=state_dtype.itemsize == 4,
                 flush_bf16_split=True, ring_by_cursor=True, coef_narrow=kda, flush_head_items=True,
@@ -584,6 +588,7 @@ def delta_replay_decode_triton(
     block_k: int | None = None,
     num_warps: int | None = None,
     flush_block_v: int | None = None,
+    flush_block_k: int | None = None,
     flush_warps: int | None = None,
     flush_programs: int | None = None,
     flush_stages: int | None = None,
@@ -603,9 +608,10 @@ def delta_replay_decode_triton(
     Keyword-only extras: ``write_idle`` (store zeros for idle rows; defaults to
     ``out is None``) and launch knobs: ``block_v`` / ``num_warps`` (value columns per
     program and warps of the output launch), ``block_k`` (key-dim tile; default the whole
-    key dim up to 256, walked tile by tile beyond), ``flush_block_v`` / ``flush_warps``
-    (same for the flush launch), ``flush_programs`` (programs of the persistent flush
-    launch; default a few per multiprocessor), ``flush_stages`` (software-pipelining
+    key dim up to 256, walked tile by tile beyond), ``flush_block_v`` / ``flush_block_k`` /
+    ``flush_warps`` (same for the flush launch; its key tile follows ``block_k`` when that is given),
+    ``flush_programs`` (programs of the persistent flush launch; default a few per
+    multiprocessor), ``flush_stages`` (software-pipelining
     stages of its loop over work items), ``coef_block_k`` / ``coef_warps`` (key-dim tile
     and warps of the coefficient launch), ``coef_per_key_head`` (Gated DeltaNet: one
     coefficient program per key head, shared by its value heads), ``coef_write_x`` (with
@@ -651,6 +657,7 @@ def delta_replay_decode_triton(
     BVF = max(16, min(flush_block_v or cfg["flush_block_v"], vp))
     BK = max(16, min(block_k or cfg["block_k"], triton.next_power_of_2(K)))
     NK = triton.cdiv(K, BK)
+    BKF = max(16, min(flush_block_k or (BK if block_k else cfg["flush_block_k"]), triton.next_power_of_2(K)))
     LP = max(16, triton.next_power_of_2(L))
     NV, NVF = triton.cdiv(V, BV), triton.cdiv(V, BVF)
     dev = v.device
@@ -706,7 +713,7 @@ def delta_replay_decode_triton(
             k, g, state, u_buf, k_buf, g_buf, cursor, uf,
             *sk, *sg, *ss, *sub, *skb, *sgb, cursor.stride(0),
             row0, n_rows, HV, GROUP, K, V, L, NVF,
-            KDA=kda, BK=BK, NK=NK, BV=BVF, LP=LP, BB=BB,
+            KDA=kda, BK=BKF, NK=triton.cdiv(K, BKF), BV=BVF, LP=LP, BB=BB,
             DOT_PREC="ieee" if interp else "tf32x3", BF16_SPLIT=bf16_split, HEAD_ITEMS=head_items,
             num_warps=flush_warps or cfg["flush_warps"], num_stages=flush_stages or cfg["flush_stages"],
         )
