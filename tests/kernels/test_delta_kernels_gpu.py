@@ -234,11 +234,21 @@ def test_step_kernel_matches_reference(shape, dtypes):
         _close(state, ref, tol_s)
 
 
+@pytest.mark.parametrize("launches", ["defaults", "dependent"])
 @pytest.mark.parametrize("Bt", [4, 6], ids=["one-launch", "four-launches"])
 @pytest.mark.parametrize("shape", ["qwen35-4b", "kimi-kda"])
-def test_cuda_graph_replay_equals_eager(shape, Bt):
+def test_cuda_graph_replay_equals_eager(shape, Bt, launches, monkeypatch):
     """Capture one whole L-step cycle (flushes included) and replay it twice (batch 4 runs
-    the one-launch kernel, batch 6 the four launches)."""
+    the one-launch kernel, batch 6 the four launches; ``dependent``: the output launch a
+    programmatic dependent of the coefficient launch, whatever the defaults say)."""
+    if launches == "dependent":
+        import replayssm.kernels.delta.triton_decode as td
+
+        if Bt <= td.SMALL_BATCH_MAX:
+            pytest.skip("the one-launch kernel has no dependent launches")
+        base = td.default_config
+        monkeypatch.setattr(td, "default_config",
+                            lambda *a: {**base(*a), "dependent_launch": True})
     Hk, HV, K, V, kda = SHAPES[shape]
     L = 4
     gen = torch.Generator(device=DEV).manual_seed(4)
