@@ -28,11 +28,14 @@ CUDA graph):
    ``hq = S0^T xq + sum_j cq_j u_j``, writes ``o`` and appends ``(u_c, k_c, g_c)`` at ring
    slot c (k by one program per key head, g by one per value head). On a flush row
    (``c == L - 1``) it writes ``u_c`` in fp32 to a scratch instead of the ring. It carries
-   no flush code, so its register use (and occupancy) is that of a plain read.
+   no flush code, so its register use (and occupancy) is that of a plain read. With
+   ``dependent_launch`` (KDA with fp32 checkpoints by default) it is a programmatic dependent
+   launch of step 1: it starts under that launch's tail and waits only before the scratch.
 3. ``_delta_flush_kernel``, persistent: a few programs per multiprocessor share the work
-   items (flush row, value head, column block) of the rows whose cursor is ``L - 1``,
-   found on the device from the cursors, so a step without flushes costs one small load
-   per program and flush work spreads over the whole GPU however many rows flush. Each
+   items (flush row, value head; the program walks the head's column blocks) of the rows
+   whose cursor is ``L - 1``, found on the device from the cursors, so a step without
+   flushes costs one small load per program and flush work spreads over the whole GPU
+   however many rows flush. Each
    item rebuilds ``A + k_c u_c^T`` with a matrix product of the decay-weighted cached keys
    and the buffered u's (``tf32x3`` for fp32 operands: plain tf32 drifts ~1e-2; with the
    unweighted operand's ring in bf16, three bf16 products against a three-term bf16 split of
@@ -60,13 +63,13 @@ import triton
 import triton.language as tl
 
 from ..backend import dependent_launch_supported, num_sms, triton_interpreter_on
+from ..persistent import flush_row_chunks, flush_row_prefix, nth_flush_row
+from .reference import _check_shapes
 
 try:  # grid dependency control (programmatic dependent launch), Triton >= 3.3
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except Exception:  # pragma: no cover - older Triton: dependent_launch_supported() is False
     gdc_launch_dependents = gdc_wait = None
-from ..persistent import flush_row_chunks, flush_row_prefix, nth_flush_row
-from .reference import _check_shapes
 
 __all__ = ["delta_replay_decode_triton", "advance_cursor_triton", "SMALL_BATCH_MAX"]
 
@@ -622,7 +625,7 @@ def delta_replay_decode_triton(
     its u's; used only when that exact ring (keys for GDN, u's for KDA) is bf16, never under the
     interpreter), ``ring_by_cursor`` (ring loads of the coefficient and output launches bounded
     by the cursor rather than by L), ``coef_narrow`` (KDA coefficient launch: rows with at
-    most half the ring filled work on half the window) and ``flush_head_items`` (flush work
+    most half the ring filled work on half the window), ``flush_head_items`` (flush work
     items of a whole value head, whose column blocks one program walks: ring keys and KDA decay
     weights loaded and computed once per head) and ``dependent_launch`` (the output launch starts
     while the coefficient launch finishes: programmatic dependent launch, where the device and

@@ -234,8 +234,8 @@ def test_step_kernel_matches_reference(shape, dtypes):
         _close(state, ref, tol_s)
 
 
-@pytest.mark.parametrize("launches", ["defaults", "dependent"])
-@pytest.mark.parametrize("Bt", [4, 6], ids=["one-launch", "four-launches"])
+@pytest.mark.parametrize(("Bt", "launches"), [(4, "defaults"), (6, "defaults"), (6, "dependent")],
+                         ids=["one-launch", "four-launches", "four-launches-dependent"])
 @pytest.mark.parametrize("shape", ["qwen35-4b", "kimi-kda"])
 def test_cuda_graph_replay_equals_eager(shape, Bt, launches, monkeypatch):
     """Capture one whole L-step cycle (flushes included) and replay it twice (batch 4 runs
@@ -244,8 +244,6 @@ def test_cuda_graph_replay_equals_eager(shape, Bt, launches, monkeypatch):
     if launches == "dependent":
         import replayssm.kernels.delta.triton_decode as td
 
-        if Bt <= td.SMALL_BATCH_MAX:
-            pytest.skip("the one-launch kernel has no dependent launches")
         base = td.default_config
         monkeypatch.setattr(td, "default_config",
                             lambda *a: {**base(*a), "dependent_launch": True})
