@@ -51,6 +51,34 @@ def test_delta_benchmark_smoke_run(tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
+def test_delta_variants_smoke_run(tmp_path):
+    """examples/benchmarks/delta_variants.py --smoke times every variant of every case, then the
+    first again; bad knobs, cases and sizes are refused with one line and exit status 2."""
+    import json
+    import os
+
+    script = str(ROOT / "examples" / "benchmarks" / "delta_variants.py")
+    env = dict(os.environ, TRITON_INTERPRET="1", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    proc = subprocess.run([sys.executable, script, "--smoke", "--variants", '[{}, {"ring_by_cursor": false}]',
+                           "--out", str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads((tmp_path / "delta_variants.json").read_text())["rows"]
+    assert [(r["case"], r["kw"]) for r in rows] == [
+        (c, kw) for c in ("smoke-gdn:float32", "smoke-kda:float32") for kw in ({}, {"ring_by_cursor": False}, {})]
+    assert all(r["us"] > 0 and r["Bt"] == 2 and r["L"] == 4 for r in rows)
+    assert all(r["vs_first"] == 1.0 for r in rows[::3])
+    for args, message in ((["--variants", '[{"no_such_knob": 1}]'], "not knobs of delta_replay_decode_triton"),
+                          (["--variants", "{}"], "--variants takes a non-empty JSON list"),
+                          (["--cases", "nope:float32"], "--cases: unknown shape 'nope'"),
+                          (["--cases", "smoke-kda:int8"], "checkpoint dtype must be one of"),
+                          (["--L", "0"], "--batch and --L must be positive")):
+        bad = subprocess.run([sys.executable, script, "--smoke", *args, "--out", str(tmp_path / "bad")],
+                             capture_output=True, text=True, env=env, timeout=300)
+        assert bad.returncode == 2 and message in bad.stderr, (args, bad.stderr[-500:])
+        assert "Traceback" not in bad.stderr
+    assert not (tmp_path / "bad").exists()
+
+
 def test_mamba2_benchmark_smoke_run(tmp_path):
     """examples/benchmarks/bench_mamba2.py --smoke (one tiny shape, Triton interpreter on CPU)
     writes its table and JSON with replay, per-step and transformers times and byte floors."""

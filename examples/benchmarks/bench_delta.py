@@ -47,6 +47,7 @@ SHAPES = {  # name: (Hk, HV, K, V, kda)
     "qwen3.5-122b-gdn": (16, 64, 128, 128, False),
     "kimi-linear-kda": (32, 32, 128, 128, True),
 }
+SMOKE_SHAPES = {"smoke-gdn": (2, 4, 16, 16, False), "smoke-kda": (2, 2, 16, 16, True)}  # --smoke: any device
 BATCHES = [1, 8, 32, 128, 256, 512]
 LS = [8, 16, 32]
 L2_BYTES = 60e6
@@ -498,6 +499,14 @@ def _launch_times(step, cur, cval, reps=10):
     return out
 
 
+def unknown_knobs(knobs: dict) -> list[str]:
+    """Names in ``knobs`` that are not keyword-only knobs of ``delta_replay_decode_triton`` (sorted)."""
+    from replayssm.kernels.delta.triton_decode import delta_replay_decode_triton
+
+    params = inspect.signature(delta_replay_decode_triton).parameters
+    return sorted(k for k in knobs if params.get(k) is None or params[k].kind != params[k].KEYWORD_ONLY)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="examples/benchmarks/results/latest")
@@ -515,13 +524,9 @@ def main(argv=None):
         return fla_child(json.loads(args.fla_child))
     if args.compare is not None and not isinstance(args.compare, dict):
         ap.error("--compare takes a JSON object of replay knobs, e.g. '{\"ring_by_cursor\": false}'")
-    if args.compare:
-        from replayssm.kernels.delta.triton_decode import delta_replay_decode_triton
-
-        params = inspect.signature(delta_replay_decode_triton).parameters
-        unknown = sorted(k for k in args.compare if params.get(k) is None or params[k].kind != params[k].KEYWORD_ONLY)
-        if unknown:
-            ap.error(f"--compare: not knobs of delta_replay_decode_triton: {', '.join(unknown)}")
+    unknown = unknown_knobs(args.compare or {})
+    if unknown:
+        ap.error(f"--compare: not knobs of delta_replay_decode_triton: {', '.join(unknown)}")
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -538,7 +543,7 @@ def main(argv=None):
     batches, Ls = (BATCHES, LS) if not args.quick else ([1, 256], [16])
     if args.smoke:
         global SHAPES
-        SHAPES = {"smoke-gdn": (2, 4, 16, 16, False), "smoke-kda": (2, 2, 16, 16, True)}
+        SHAPES = dict(SMOKE_SHAPES)
         batches, Ls = [2], [4]
     copy_bw = copy_bandwidth(dev) if dev == "cuda" else 1e11
     meta = dict(
