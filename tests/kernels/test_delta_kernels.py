@@ -94,9 +94,6 @@ CASES = [
     ("kda-L4-flush-bf16-split-asked", 2, 2, 20, 24, 4, True, dict(flush_bf16_split=True)),
     # half-window coefficients: L=12 (window 16) runs both the half (c <= 8) and the whole window
     ("kda-L12-coef-narrow", 2, 2, 20, 24, 12, True, dict(coef_narrow=True)),
-    ("kda-L3-flush-ktiles-head-items", 2, 2, 40, 24, 3, True, dict(flush_block_k=16, flush_block_v=16)),
-    ("gdn-L3-flush-ktiles", 1, 2, 40, 24, 3, False, dict(flush_block_k=16, flush_head_items=False)),
-    ("kda-L4-dependent-launch-asked", 2, 2, 20, 24, 4, True, dict(dependent_launch=True)),
     ("kda-L12-coef-narrow-ring-by-L-ktiles", 2, 2, 40, 24, 12, True, dict(coef_narrow=True, ring_by_cursor=False,
                                                                           coef_block_k=16)),
     # flush items of whole value heads: one program walks the head's column blocks (2 or 3 here)
@@ -106,6 +103,11 @@ CASES = [
                                                                             flush_block_v=16, flush_programs=3)),
     ("gdn-L3-flush-head-items-ktiles", 1, 2, 40, 24, 3, False, dict(flush_head_items=True, block_k=16,
                                                                      flush_block_v=16)),
+    # flush key tiles of their own (flush_block_k), with both kinds of work items
+    ("kda-L3-flush-ktiles-head-items", 2, 2, 40, 24, 3, True, dict(flush_block_k=16, flush_block_v=16)),
+    ("gdn-L3-flush-ktiles", 1, 2, 40, 24, 3, False, dict(flush_block_k=16, flush_head_items=False)),
+    # dependent launches need a CUDA device: asked for under the interpreter, the launches run one after another
+    ("kda-L4-dependent-launch-asked", 2, 2, 20, 24, 4, True, dict(dependent_launch=True)),
 ]
 
 
