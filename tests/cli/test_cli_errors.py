@@ -15,7 +15,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -177,12 +176,13 @@ def test_sigterm_maps_to_143(monkeypatch, capsys, tmp_path):
     """The SIGTERM handler raises Terminated, which unwinds (cleaning up) and exits 143."""
     import signal as _signal
 
+    import replayssm.conversion as conversion
     from replayssm.cli import main as cli_main
 
     def terminated(*args, **kwargs):
         cli_main._on_sigterm(_signal.SIGTERM, None)
 
-    monkeypatch.setattr(sys.modules["replayssm.conversion"], "convert", terminated)
+    monkeypatch.setattr(conversion, "convert", terminated)
     assert cli_main.main(["convert", "tiny:mamba2", str(tmp_path / "out")]) == 143
     error, _ = one_error(capsys.readouterr().err)
     assert "terminated" in error
@@ -194,7 +194,8 @@ def test_ctrl_c_while_copying_leaves_nothing(tiny_cache, tiny_dir, tmp_path):
     before = tree_digest(src)
     work = tmp_path / "work"
     work.mkdir()
-    env = cli_env(tiny_cache, REPLAYSSM_TEST_HOOK="pause-after-shard:1")
+    # PYTHONFAULTHANDLER: should the child outlive the interrupt, SIGABRT makes it print every thread's stack
+    env = cli_env(tiny_cache, REPLAYSSM_TEST_HOOK="pause-after-shard:1", PYTHONFAULTHANDLER="1")
     proc = subprocess.Popen(cli_command() + ["convert", "tiny:mamba2", str(work / "a" / "out")], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, encoding="utf-8")
     try:
@@ -208,7 +209,12 @@ def test_ctrl_c_while_copying_leaves_nothing(tiny_cache, tiny_dir, tmp_path):
             time.sleep(0.05)
         assert shard is not None, proc.communicate(timeout=30)
         proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=60)
+        try:
+            stdout, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            _, stacks = proc.communicate(timeout=30)
+            pytest.fail(f"convert still ran 60 s after SIGINT; where its threads were:\n{stacks[-6000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()
