@@ -517,6 +517,11 @@ def advance_cursor_triton(cursor: torch.Tensor, L: int) -> None:
     _advance_cursor_kernel[(triton.cdiv(Bt, BLOCK),)](cursor, cursor.stride(0), Bt, L, BLOCK=BLOCK)
 
 
+def _switch(cfg: dict, name: str, asked: bool | None) -> bool:
+    """An on/off knob: what the caller asked for, else the default in ``cfg``."""
+    return bool(cfg[name] if asked is None else asked)
+
+
 @functools.lru_cache(maxsize=256)
 def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
     """Launch knobs of the output and flush launches (value columns per program, warps, K
@@ -530,8 +535,8 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
     # H200, batch 256, L=16 (examples/benchmarks/results/delta_h200_2026-11-30_r4*): output
     # programs of 1-2 warps, because the key-dim reduction crosses warps (4 warps: 16-bit
     # checkpoints 1.46-1.53x slower, fp32 1.03-1.06x); flush items of 64 columns with a
-    # 2-stage pipelined item loop (KDA fp32: 721 vs 881 µs flush step), one-warp coefficient
-    # programs over the whole key dim.
+    # 2-stage pipelined item loop (KDA fp32: 721 vs 881 µs flush step then; since flush items are
+    # whole heads KDA runs 1 stage, below), one-warp coefficient programs over the whole key dim.
     # Gated DeltaNet: coefficient programs per key head (H200, batch 256, L=16, whole cycle:
     # bf16 checkpoints 1.05x (Qwen3.5-4B) / 1.07x (122B) with the output launch scaling k_c and
     # q itself; fp32 checkpoints 1.01x / 1.02x only when the coefficient launch writes them
@@ -667,8 +672,8 @@ def delta_replay_decode_triton(
     # one fp32 scratch allocation per call, viewed as: xs (Bt, HV, 2, K) [exp(G_c) k_c, exp(G_c) q]
     # (absent when the output launch scales k_c and q itself), cw (Bt, HV, 3, LP) [ck, cq,
     # (k_c . q, exp(G_c) from the per-key-head launch)], uf (Bt, HV, V) u_c of flush rows
-    per_key = not kda and (cfg["coef_per_key_head"] if coef_per_key_head is None else bool(coef_per_key_head))
-    write_x = per_key and (cfg["coef_write_x"] if coef_write_x is None else bool(coef_write_x))
+    per_key = not kda and _switch(cfg, "coef_per_key_head", coef_per_key_head)
+    write_x = per_key and _switch(cfg, "coef_write_x", coef_write_x)
     x_from_keys = per_key and not write_x  # then no launch touches the x scratch
     n_x, n_c = (0 if x_from_keys else Bt * HV * 2 * K), Bt * HV * 3 * LP
     scratch = torch.empty(n_x + n_c + Bt * HV * V, dtype=torch.float32, device=dev)
@@ -681,9 +686,8 @@ def delta_replay_decode_triton(
     skb, sub, ss = k_buf.stride(), u_buf.stride(), state.stride()
     GROUP = HV // Hk
     BKC = max(16, min(coef_block_k or cfg["coef_block_k"], triton.next_power_of_2(K)))
-    by_cur = bool(cfg["ring_by_cursor"] if ring_by_cursor is None else ring_by_cursor)
-    pdl = (bool(cfg["dependent_launch"] if dependent_launch is None else dependent_launch)
-           and dependent_launch_supported(dev.type, dev.index))
+    by_cur = _switch(cfg, "ring_by_cursor", ring_by_cursor)
+    pdl = _switch(cfg, "dependent_launch", dependent_launch) and dependent_launch_supported(dev.type, dev.index)
     if per_key:
         _gdn_coef_kernel[(Bt * Hk,)](
             q, k, g, k_buf, g_buf, cursor, xs, cw, *sq, *sk, *g.stride(), *skb, *g_buf.stride()[:3], cursor.stride(0),
@@ -694,7 +698,7 @@ def delta_replay_decode_triton(
         _delta_coef_kernel[(Bt * HV,)](
             q, k, g, k_buf, g_buf, cursor, xs, cw, *sq, *sk, *sg, *skb, *sgb, cursor.stride(0),
             HV, GROUP, K, L, KDA=kda, BK=BKC, NK=triton.cdiv(K, BKC), LP=LP, RING_BY_CURSOR=by_cur,
-            NARROW=kda and bool(cfg["coef_narrow"] if coef_narrow is None else coef_narrow), PDL=pdl,
+            NARROW=kda and _switch(cfg, "coef_narrow", coef_narrow), PDL=pdl,
             num_warps=coef_warps or cfg["coef_warps"],
         )
     _delta_output_kernel[(Bt * HV * NV,)](
@@ -709,8 +713,8 @@ def delta_replay_decode_triton(
     interp = triton_interpreter_on()
     exact_ring = u_buf if kda else k_buf  # the product operand that is not decay-weighted
     bf16_split = (exact_ring.dtype == torch.bfloat16 and not interp
-                  and bool(cfg["flush_bf16_split"] if flush_bf16_split is None else flush_bf16_split))
-    head_items = bool(cfg["flush_head_items"] if flush_head_items is None else flush_head_items)
+                  and _switch(cfg, "flush_bf16_split", flush_bf16_split))
+    head_items = _switch(cfg, "flush_head_items", flush_head_items)
     for row0, n_rows, BB in flush_row_chunks(Bt):
         _delta_flush_kernel[(max(1, min(n_prog, n_rows * HV * (1 if head_items else NVF))),)](
             k, g, state, u_buf, k_buf, g_buf, cursor, uf,
