@@ -26,8 +26,10 @@ CUDA graph):
 2. ``_delta_output_kernel``, one program per (row, value head, block of value columns):
    reads the checkpoint tile once, ``r = S0^T xk + sum_j ck_j u_j``,
    ``hq = S0^T xq + sum_j cq_j u_j``, writes ``o`` and appends ``(u_c, k_c, g_c)`` at ring
-   slot c (k by one program per key head, g by one per value head). On a flush row
-   (``c == L - 1``) it writes ``u_c`` in fp32 to a scratch instead of the ring. It carries
+   slot c (k by one program per key head, g by one per value head). A flush row
+   (``c == L - 1``) is left to the flush launch (``flush_output``, the default except for
+   Gated DeltaNet with 16-bit checkpoints; its checkpoint tile load then waits for the cursor),
+   or else gets its output here and ``u_c`` in fp32 in a scratch instead of the ring. It carries
    no flush code, so its register use (and occupancy) is that of a plain read. With
    ``dependent_launch`` (KDA with fp32 checkpoints by default) it is a programmatic dependent
    launch of step 1: it starts under that launch's tail and waits only before the scratch.
@@ -41,7 +43,9 @@ CUDA graph):
    unweighted operand's ring in bf16, three bf16 products against a three-term bf16 split of
    the weighted one, which is faster and as exact: Gated DeltaNet splits the u's weighted by
    its scalar decays, KDA the keys weighted per channel) plus the current token's rank-1 term in fp32,
-   and stores it as the new checkpoint, rounded once.
+   and stores it as the new checkpoint, rounded once. With ``flush_output`` the item first
+   computes the row's step from the rebuilt history of each column block (``r``, ``u_c``,
+   ``o``; the whole key dim is one tile), so a flush step reads the checkpoint once.
 4. ``cursor <- (cursor + 1) % L`` on active rows (after every program has read it).
 
 Rows with a negative cursor are idle: nothing of theirs is written (``out`` keeps its
@@ -297,8 +301,11 @@ def _delta_output_kernel(
     HV, GROUP, K, V, L, NV,
     KDA: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr,
     WRITE_IDLE: tl.constexpr, X_FROM_KEYS: tl.constexpr, RING_BY_CURSOR: tl.constexpr, PDL: tl.constexpr,
+    SKIP_FLUSH_ROWS: tl.constexpr,
 ):
-    """X_FROM_KEYS (Gated DeltaNet): scale k_c and q by exp(G_c) (cw[2, 1]) here instead of
+    """SKIP_FLUSH_ROWS: rows whose cursor is ``L - 1`` are left to the flush launch, which
+    computes their output while it rebuilds the checkpoint (their checkpoint tile is not
+    loaded here, so that load waits for the cursor). X_FROM_KEYS (Gated DeltaNet): scale k_c and q by exp(G_c) (cw[2, 1]) here instead of
     reading them from the x scratch. RING_BY_CURSOR: the u ring load is bounded by the cursor
     (it then waits for the cursor; the checkpoint tile load does not). PDL: launched as a
     programmatic dependent of the coefficient launch, so its checkpoint, ring and input loads
@@ -325,8 +332,14 @@ def _delta_output_kernel(
     c = tl.load(cur_ptr + b * sc_b)
     if NK == 1:
         offs_k0 = tl.arange(0, BK)
+        mvs = mv
+        if SKIP_FLUSH_ROWS:
+            mvs = mv & (offs_v * 0 + c != L - 1)
         s_first = tl.load(s_base + offs_k0[:, None] * ss_k + offs_v[None, :] * ss_v,
-                          mask=(offs_k0 < K)[:, None] & mv[None, :], other=0.0)
+                          mask=(offs_k0 < K)[:, None] & mvs[None, :], other=0.0)
+    if SKIP_FLUSH_ROWS:
+        if c == L - 1:  # before the other loads: the flush launch does this row's step
+            return
     ub = tl.load(ub_base + offs_l[:, None] * sub_l + offs_v[None, :] * sub_v,
                  mask=((offs_l < c) if RING_BY_CURSOR else (offs_l < L))[:, None] & mv[None, :],
                  other=0.0)  # (LP, BV)
@@ -343,6 +356,7 @@ def _delta_output_kernel(
         if WRITE_IDLE:
             tl.store(o_base, tl.zeros([BV], dtype=o_ptr.dtype.element_ty), mask=mv)
         return
+    flush = c == L - 1
     ml = offs_l < c
     ub = tl.where(ml[:, None], ub.to(tl.float32), 0.0)
     r = tl.zeros([BV], dtype=tl.float32)
@@ -370,7 +384,6 @@ def _delta_output_kernel(
     o = hq + kq * u
     tl.store(o_base, o.to(o_ptr.dtype.element_ty), mask=mv)
 
-    flush = c == L - 1
     if flush:
         # the flush launch folds u_c in unrounded
         tl.store(uf_ptr + i_bh.to(tl.int64) * V + offs_v, u, mask=mv)
@@ -400,17 +413,22 @@ def _bf16_split3(x):
 
 @triton.jit
 def _delta_flush_kernel(
-    k_ptr, g_ptr, s_ptr, ub_ptr, kb_ptr, gb_ptr, cur_ptr, uf_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, ub_ptr, kb_ptr, gb_ptr, cur_ptr, uf_ptr, o_ptr,
+    sq_b, sq_h, sq_k,
     sk_b, sk_h, sk_k,
+    sv_b, sv_h, sv_v,
     sg_b, sg_h, sg_k,
+    sbt_b, sbt_h,
     ss_b, ss_h, ss_k, ss_v,
     sub_b, sub_h, sub_l, sub_v,
     skb_b, skb_h, skb_l, skb_k,
     sgb_b, sgb_h, sgb_l, sgb_k,
+    so_b, so_h, so_v,
     sc_b,
     row0, n_rows, HV, GROUP, K, V, L, NV,
     KDA: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr,
     BB: tl.constexpr, DOT_PREC: tl.constexpr, BF16_SPLIT: tl.constexpr, HEAD_ITEMS: tl.constexpr,
+    OUTPUT: tl.constexpr,
 ):
     """Persistent: the programs share the work items of the rows ``row0 .. row0 + n_rows - 1``
     whose cursor is ``L - 1``, found on the device from the cursors (a prefix count), so a step
@@ -424,7 +442,13 @@ def _delta_flush_kernel(
     bf16 and the other, decay-weighted one split into three bf16 terms (hi + mid + lo carry 24
     significant bits), instead of a ``DOT_PREC`` product of fp32 operands. Gated DeltaNet (bf16
     key ring) splits the weighted u's; KDA (bf16 u ring), whose decays weight each key channel,
-    splits the weighted keys."""
+    splits the weighted keys.
+
+    OUTPUT (needs NK == 1: the whole key dim in one tile): the flush rows' step is computed
+    here entirely. The output launch skipped them, so ``u_c`` is not in the scratch: each column
+    block's rebuilt history ``A`` gives ``r = A^T k_c``, ``u_c = beta (v - r)`` and the output
+    ``o = A^T q + (k_c . q) u_c``, then ``A + k_c u_c^T`` is stored; the checkpoint is read once
+    on a flush step instead of twice."""
     csum, n_flush = flush_row_prefix(cur_ptr, sc_b, row0, n_rows, L, BB)
     per_row = HV if HEAD_ITEMS else HV * NV
     n_cols = NV if HEAD_ITEMS else 1  # column blocks per item
@@ -457,6 +481,10 @@ def _delta_flush_kernel(
             offs_k = i_k * BK + tl.arange(0, BK)
             mk = offs_k < K
             kc = tl.load(k_ptr + b * sk_b + hk * sk_h + offs_k * sk_k, mask=mk, other=0.0).to(tl.float32)
+            if OUTPUT:
+                qc = tl.load(q_ptr + b * sq_b + hk * sq_h + offs_k * sq_k, mask=mk, other=0.0).to(tl.float32)
+                kq = tl.sum(kc * qc, axis=0)
+                beta = tl.load(beta_ptr + b * sbt_b + h * sbt_h).to(tl.float32)
             kw = tl.load(kb_base + offs_k[:, None] * skb_k + offs_l[None, :] * skb_l,
                          mask=mk[:, None] & ml[None, :], other=0.0)  # (BK, LP), ring dtype
             if KDA:
@@ -474,7 +502,10 @@ def _delta_flush_kernel(
                 m2 = mk[:, None] & mv[None, :]
                 ub = tl.load(ub_base + offs_l[:, None] * sub_l + offs_v[None, :] * sub_v,
                              mask=ml[:, None] & mv[None, :], other=0.0)  # (LP, BV), ring dtype
-                uc = tl.load(uf_ptr + i_bh * V + offs_v, mask=mv, other=0.0)
+                if OUTPUT:
+                    vv = tl.load(v_ptr + b * sv_b + h * sv_h + offs_v * sv_v, mask=mv, other=0.0).to(tl.float32)
+                else:
+                    uc = tl.load(uf_ptr + i_bh * V + offs_v, mask=mv, other=0.0)
                 s0 = tl.load(s_base + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v, mask=m2,
                              other=0.0).to(tl.float32)
                 if KDA:
@@ -495,6 +526,10 @@ def _delta_flush_kernel(
                         acc = tl.dot(kw, u_lo, acc)
                     else:
                         acc += tl.dot(kw.to(tl.float32), ub, input_precision=DOT_PREC)
+                if OUTPUT:  # acc is the history A of this column block (whole key dim)
+                    uc = beta * (vv - tl.sum(acc * kc[:, None], axis=0))
+                    o = tl.sum(acc * qc[:, None], axis=0) + kq * uc
+                    tl.store(o_ptr + b * so_b + h * so_h + offs_v * so_v, o.to(o_ptr.dtype.element_ty), mask=mv)
                 acc += kc[:, None] * uc[None, :]
                 tl.store(s_base + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v, acc.to(s_ptr.dtype.element_ty),
                          mask=m2)
@@ -531,7 +566,7 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
         return dict(block_v=32, num_warps=8, block_k=bk, flush_block_v=16, flush_block_k=bk, flush_warps=8,
                     flush_programs=4, flush_stages=2, coef_block_k=64, coef_warps=1,
                     coef_per_key_head=False, coef_write_x=True, flush_bf16_split=False, ring_by_cursor=True,
-                    coef_narrow=False, flush_head_items=False, dependent_launch=False)
+                    coef_narrow=False, flush_head_items=False, dependent_launch=False, flush_output=False)
     # H200, batch 256, L=16 (examples/benchmarks/results/delta_h200_2026-11-30_r4*): output
     # programs of 1-2 warps, because the key-dim reduction crosses warps (4 warps: 16-bit
     # checkpoints 1.46-1.53x slower, fp32 1.03-1.06x); flush items of 64 columns with a
@@ -569,13 +604,24 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
     # KDA flush over 32-channel key tiles (H200, batch 256, L=16, whole cycle, same run;
     # results/delta_kda_more_variants_h200_2026-12-01.md): fp32 196.9 vs 197.6 µs, bf16 133.6 vs 134.8
     # (Gated DeltaNet: 0.999-1.000x fp32, 0.94x bf16, so it keeps whole-key tiles).
+    # The flush launch computing the flush rows' output (the checkpoint read once on a flush step;
+    # H200, batch 256, L=16, whole cycle, same run; results/delta_flush_output_h200_2026-12-01.md):
+    # Qwen3.5-4B fp32 169.2 vs 174.4 µs, 122B fp32 319.6 vs 330.2, KDA fp32 189.3 vs 196.0, KDA bf16
+    # 130.8 vs 133.6, each with 32-column flush items, 2 warps and 8 programs per multiprocessor
+    # (4 warps, 64 columns, 4 programs: 1.02x, 1.02x, 0.99x, 0.98x). Not for Gated DeltaNet with
+    # 16-bit checkpoints (Qwen3.5-4B bf16 0.97-0.98x: the output launch's checkpoint load then
+    # waits for the cursor, which costs more there than the second read saves).
     split_16 = not kda and state_dtype.itemsize == 2  # 128-column flush items were timed with the split products
-    return dict(block_v=block_v, num_warps=warps, block_k=bk, flush_block_v=128 if split_16 else 64,
-                flush_block_k=32 if kda else bk, flush_warps=4,
-                flush_programs=2 if split_16 else 4, flush_stages=1 if kda else 2, coef_block_k=128, coef_warps=1,
+    if split_16:
+        flush_v, flush_w, flush_p = 128, 4, 2
+    else:
+        flush_v, flush_w, flush_p = 32, 2, 8
+    return dict(block_v=block_v, num_warps=warps, block_k=bk, flush_block_v=flush_v,
+                flush_block_k=32 if kda else bk, flush_warps=flush_w,
+                flush_programs=flush_p, flush_stages=1 if kda else 2, coef_block_k=128, coef_warps=1,
                 coef_per_key_head=not kda, coef_write_x=state_dtype.itemsize == 4,
                 flush_bf16_split=True, ring_by_cursor=True, coef_narrow=kda, flush_head_items=True,
-                dependent_launch=kda and state_dtype.itemsize == 4)
+                dependent_launch=kda and state_dtype.itemsize == 4, flush_output=not split_16)
 
 
 def delta_replay_decode_triton(
@@ -610,6 +656,7 @@ def delta_replay_decode_triton(
     coef_narrow: bool | None = None,
     flush_head_items: bool | None = None,
     dependent_launch: bool | None = None,
+    flush_output: bool | None = None,
 ) -> torch.Tensor:
     """Triton version of ``delta_replay_decode_reference`` (same arguments and result).
 
@@ -634,7 +681,9 @@ def delta_replay_decode_triton(
     items of a whole value head, whose column blocks one program walks: ring keys and KDA decay
     weights loaded and computed once per head) and ``dependent_launch`` (the output launch starts
     while the coefficient launch finishes: programmatic dependent launch, where the device and
-    Triton support it; see ``dependent_launch_supported``). Defaults: ``default_config``.
+    Triton support it; see ``dependent_launch_supported``) and ``flush_output`` (the flush launch
+    computes the flush rows' output too and the output launch skips them, so a flush step reads the
+    checkpoint once; its flush key tile is then the whole key dim). Defaults: ``default_config``.
     ``one_launch``: run the small-batch kernel of ``triton_small_batch.py`` instead (K <= 256; with
     ``one_launch=True`` its knobs are ``block_v`` and ``num_warps``); by default it runs, with
     its own launch defaults, for batches of at most ``SMALL_BATCH_MAX`` rows.
@@ -688,6 +737,7 @@ def delta_replay_decode_triton(
     BKC = max(16, min(coef_block_k or cfg["coef_block_k"], triton.next_power_of_2(K)))
     by_cur = _switch(cfg, "ring_by_cursor", ring_by_cursor)
     pdl = _switch(cfg, "dependent_launch", dependent_launch) and dependent_launch_supported(dev.type, dev.index)
+    fused_flush = _switch(cfg, "flush_output", flush_output) and triton.next_power_of_2(K) <= 256
     if per_key:
         _gdn_coef_kernel[(Bt * Hk,)](
             q, k, g, k_buf, g_buf, cursor, xs, cw, *sq, *sk, *g.stride(), *skb, *g_buf.stride()[:3], cursor.stride(0),
@@ -706,7 +756,7 @@ def delta_replay_decode_triton(
         *sq, *sk, *sv, *sg, *beta.stride(), *ss, *sub, *skb, *sgb, *out.stride(), cursor.stride(0),
         HV, GROUP, K, V, L, NV,
         KDA=kda, BK=BK, NK=NK, BV=BV, LP=LP, WRITE_IDLE=bool(write_idle), X_FROM_KEYS=x_from_keys,
-        RING_BY_CURSOR=by_cur, PDL=pdl,
+        RING_BY_CURSOR=by_cur, PDL=pdl, SKIP_FLUSH_ROWS=fused_flush,
         num_warps=num_warps or cfg["num_warps"], **({"launch_pdl": True} if pdl else {}),
     )
     n_prog = flush_programs or cfg["flush_programs"] * num_sms(dev.type, dev.index)
@@ -715,13 +765,16 @@ def delta_replay_decode_triton(
     bf16_split = (exact_ring.dtype == torch.bfloat16 and not interp
                   and _switch(cfg, "flush_bf16_split", flush_bf16_split))
     head_items = _switch(cfg, "flush_head_items", flush_head_items)
+    if fused_flush:
+        BKF = triton.next_power_of_2(K)
     for row0, n_rows, BB in flush_row_chunks(Bt):
         _delta_flush_kernel[(max(1, min(n_prog, n_rows * HV * (1 if head_items else NVF))),)](
-            k, g, state, u_buf, k_buf, g_buf, cursor, uf,
-            *sk, *sg, *ss, *sub, *skb, *sgb, cursor.stride(0),
+            q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, uf, out,
+            *sq, *sk, *sv, *sg, *beta.stride(), *ss, *sub, *skb, *sgb, *out.stride(), cursor.stride(0),
             row0, n_rows, HV, GROUP, K, V, L, NVF,
             KDA=kda, BK=BKF, NK=triton.cdiv(K, BKF), BV=BVF, LP=LP, BB=BB,
             DOT_PREC="ieee" if interp else "tf32x3", BF16_SPLIT=bf16_split, HEAD_ITEMS=head_items,
+            OUTPUT=fused_flush,
             num_warps=flush_warps or cfg["flush_warps"], num_stages=flush_stages or cfg["flush_stages"],
         )
     advance_cursor_triton(cursor, L)

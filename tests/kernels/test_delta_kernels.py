@@ -104,8 +104,18 @@ CASES = [
     ("gdn-L3-flush-head-items-ktiles", 1, 2, 40, 24, 3, False, dict(flush_head_items=True, block_k=16,
                                                                      flush_block_v=16)),
     # flush key tiles of their own (flush_block_k), with both kinds of work items
-    ("kda-L3-flush-ktiles-head-items", 2, 2, 40, 24, 3, True, dict(flush_block_k=16, flush_block_v=16)),
-    ("gdn-L3-flush-ktiles", 1, 2, 40, 24, 3, False, dict(flush_block_k=16, flush_head_items=False)),
+    # (without flush_output: with it the flush launch takes the whole key dim in one tile)
+    ("kda-L3-flush-ktiles-head-items", 2, 2, 40, 24, 3, True, dict(flush_block_k=16, flush_block_v=16,
+                                                                    flush_output=False)),
+    ("gdn-L3-flush-ktiles", 1, 2, 40, 24, 3, False, dict(flush_block_k=16, flush_head_items=False,
+                                                          flush_output=False)),
+    # the flush launch computing the flush rows' output (flush_output), or the output launch doing it
+    ("gdn-gva-L4-no-flush-output", 2, 4, 20, 24, 4, False, dict(flush_output=False)),
+    ("kda-L4-no-flush-output-2vblocks", 2, 2, 20, 24, 4, True, dict(flush_output=False, flush_block_v=16)),
+    ("gdn-gva-L4-flush-output-column-items", 2, 4, 20, 24, 4, False, dict(flush_output=True, flush_block_v=16,
+                                                                           flush_head_items=False)),
+    ("kda-L1-flush-output-3vblocks", 2, 2, 20, 40, 1, True, dict(flush_output=True, flush_block_v=16,
+                                                                  block_k=16)),
     # dependent launches need a CUDA device: asked for under the interpreter, the launches run one after another
     ("kda-L4-dependent-launch-asked", 2, 2, 20, 24, 4, True, dict(dependent_launch=True)),
 ]

@@ -126,7 +126,10 @@ VARIANTS = {"bv32": dict(block_v=32, num_warps=4), "bv128-w8": dict(block_v=128,
             "coef-narrow": dict(coef_narrow=True), "coef-whole-window": dict(coef_narrow=False),
             "flush-head-items": dict(flush_head_items=True), "flush-column-items": dict(flush_head_items=False),
             "flush-head-items-bv32": dict(flush_head_items=True, flush_block_v=32),
-            "flush-ktiles": dict(flush_block_k=64), "flush-ktiles-32": dict(flush_block_k=32),
+            "flush-ktiles": dict(flush_block_k=64, flush_output=False),
+            "flush-ktiles-32": dict(flush_block_k=32, flush_output=False),
+            "flush-output": dict(flush_output=True), "no-flush-output": dict(flush_output=False),
+            "flush-output-column-items": dict(flush_output=True, flush_head_items=False, flush_block_v=64),
             "dependent-launch": dict(dependent_launch=True), "no-dependent-launch": dict(dependent_launch=False)}
 
 
