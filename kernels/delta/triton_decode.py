@@ -45,7 +45,9 @@ CUDA graph):
    its scalar decays, KDA the keys weighted per channel) plus the current token's rank-1 term in fp32,
    and stores it as the new checkpoint, rounded once. With ``flush_output`` the item first
    computes the row's step from the rebuilt history of each column block (``r``, ``u_c``,
-   ``o``; the whole key dim is one tile), so a flush step reads the checkpoint once.
+   ``o``; the whole key dim is one tile), so a flush step reads the checkpoint once; with
+   ``flush_prefetch`` (Gated DeltaNet with fp32 checkpoints) the next column block's checkpoint
+   tile is loaded while the current one is worked on.
 4. ``cursor <- (cursor + 1) % L`` on active rows (after every program has read it).
 
 Rows with a negative cursor are idle: nothing of theirs is written (``out`` keeps its
@@ -219,15 +221,17 @@ def _gdn_coef_kernel(
     sgb_b, sgb_h, sgb_l,
     sc_b,
     Hk, GROUP, K, L,
-    BK: tl.constexpr, NK: tl.constexpr, LP: tl.constexpr, WRITE_X: tl.constexpr, RING_BY_CURSOR: tl.constexpr,
-    PDL: tl.constexpr,
+    BK: tl.constexpr, NK: tl.constexpr, LP: tl.constexpr, GP: tl.constexpr, WRITE_X: tl.constexpr,
+    RING_BY_CURSOR: tl.constexpr, PDL: tl.constexpr,
 ):
     """Gated DeltaNet coefficients, one program per (row, key head): the ring-key products
     ``k_j . k_c`` and ``k_j . q`` are computed once for the GROUP value heads that share the
-    key head; each value head then gets them weighted by its own decays. cw scratch
-    (Bt, HV, 3, LP): [ck, cq, (k_c . q, exp(G_c), 0...)]; the output launch scales k_c and q
-    by exp(G_c) itself, unless WRITE_X: then this launch writes the x scratch (Bt, HV, 2, K)
-    [exp(G_c) k_c, exp(G_c) q] as ``_delta_coef_kernel`` does. PDL: as there."""
+    key head; each value head then gets them weighted by its own decays. The GROUP heads are
+    one (GP, ...) tile (GP = GROUP rounded up to a power of two), so their gate rings load with
+    the ring keys. cw scratch (Bt, HV, 3, LP): [ck, cq, (k_c . q, exp(G_c), 0...)]; the output
+    launch scales k_c and q by exp(G_c) itself, unless WRITE_X: then this launch writes the x
+    scratch (Bt, HV, 2, K) [exp(G_c) k_c, exp(G_c) q] as ``_delta_coef_kernel`` does. PDL: as
+    there."""
     if PDL:
         gdc_launch_dependents()
     pid = tl.program_id(0)
@@ -237,6 +241,12 @@ def _gdn_coef_kernel(
     offs_l = tl.arange(0, LP)
     ml = offs_l < c
     inl = ml if RING_BY_CURSOR else offs_l < L
+    offs_g = tl.arange(0, GP)
+    mg = offs_g < GROUP
+    h_g = hk * GROUP + offs_g  # (GP,) value heads of this key head
+    gh = tl.load(gb_ptr + b * sgb_b + h_g[:, None] * sgb_h + offs_l[None, :] * sgb_l,
+                 mask=mg[:, None] & inl[None, :], other=0.0).to(tl.float32)  # (GP, LP)
+    gcur = tl.load(g_ptr + b * sg_b + h_g * sg_h, mask=mg, other=0.0).to(tl.float32)
     q_base = q_ptr + b * sq_b + hk * sq_h
     k_base = k_ptr + b * sk_b + hk * sk_h
     kb_base = kb_ptr + b * skb_b + hk * skb_h
@@ -254,24 +264,28 @@ def _gdn_coef_kernel(
     dk = tl.where(ml, dk, 0.0)
     dq = tl.where(ml, dq, 0.0)
     kqs = tl.sum(kq, axis=0)
+    gh = tl.where(ml[None, :], gh, 0.0)
+    gtot = tl.sum(gh, axis=1) + gcur  # G_c per value head
+    w = tl.where(ml[None, :], tl.exp(gtot[:, None] - tl.cumsum(gh, axis=1)), 0.0)  # (GP, LP)
+    dsc = tl.exp(gtot)
     HV = Hk * GROUP
-    for j in range(GROUP):
-        h = hk * GROUP + j
-        w, dsc = _gdn_decay_window(gb_ptr + b * sgb_b + h * sgb_h, sgb_l, g_ptr + b * sg_b + h * sg_h, offs_l, ml,
-                                   inl)
-        cw_base = cw_ptr + (b * HV + h) * 3 * LP
-        tl.store(cw_base + offs_l, dk * w)
-        tl.store(cw_base + LP + offs_l, dq * w)
-        tl.store(cw_base + 2 * LP + offs_l, tl.where(offs_l == 0, kqs, tl.where(offs_l == 1, dsc, 0.0)))
-        if WRITE_X:
-            x_base = x_ptr + (b * HV + h) * 2 * K
-            for i_k in range(NK):
-                offs_k = i_k * BK + tl.arange(0, BK)
-                mk = offs_k < K
-                kv = tl.load(k_base + offs_k * sk_k, mask=mk, other=0.0).to(tl.float32)
-                qv = tl.load(q_base + offs_k * sq_k, mask=mk, other=0.0).to(tl.float32)
-                tl.store(x_base + offs_k, dsc * kv, mask=mk)
-                tl.store(x_base + K + offs_k, dsc * qv, mask=mk)
+    bh = b * HV + h_g  # (GP,)
+    cw_base = cw_ptr + bh[:, None] * 3 * LP + offs_l[None, :]
+    m2 = mg[:, None] & (offs_l < LP)[None, :]
+    tl.store(cw_base, dk[None, :] * w, mask=m2)
+    tl.store(cw_base + LP, dq[None, :] * w, mask=m2)
+    tl.store(cw_base + 2 * LP, tl.where(offs_l[None, :] == 0, kqs, tl.where(offs_l[None, :] == 1, dsc[:, None], 0.0)),
+             mask=m2)
+    if WRITE_X:
+        for i_k in range(NK):
+            offs_k = i_k * BK + tl.arange(0, BK)
+            mk = offs_k < K
+            kv = tl.load(k_base + offs_k * sk_k, mask=mk, other=0.0).to(tl.float32)  # cached: read above
+            qv = tl.load(q_base + offs_k * sq_k, mask=mk, other=0.0).to(tl.float32)
+            x_base = x_ptr + bh[:, None] * 2 * K + offs_k[None, :]
+            mx = mg[:, None] & mk[None, :]
+            tl.store(x_base, dsc[:, None] * kv[None, :], mask=mx)
+            tl.store(x_base + K, dsc[:, None] * qv[None, :], mask=mx)
 
 
 @triton.jit
@@ -428,7 +442,7 @@ def _delta_flush_kernel(
     row0, n_rows, HV, GROUP, K, V, L, NV,
     KDA: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr,
     BB: tl.constexpr, DOT_PREC: tl.constexpr, BF16_SPLIT: tl.constexpr, HEAD_ITEMS: tl.constexpr,
-    OUTPUT: tl.constexpr,
+    OUTPUT: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """Persistent: the programs share the work items of the rows ``row0 .. row0 + n_rows - 1``
     whose cursor is ``L - 1``, found on the device from the cursors (a prefix count), so a step
@@ -448,7 +462,8 @@ def _delta_flush_kernel(
     here entirely. The output launch skipped them, so ``u_c`` is not in the scratch: each column
     block's rebuilt history ``A`` gives ``r = A^T k_c``, ``u_c = beta (v - r)`` and the output
     ``o = A^T q + (k_c . q) u_c``, then ``A + k_c u_c^T`` is stored; the checkpoint is read once
-    on a flush step instead of twice."""
+    on a flush step instead of twice. PREFETCH: each column block's checkpoint tile is loaded
+    one block ahead (two tiles in registers), so its load overlaps the previous block's work."""
     csum, n_flush = flush_row_prefix(cur_ptr, sc_b, row0, n_rows, L, BB)
     per_row = HV if HEAD_ITEMS else HV * NV
     n_cols = NV if HEAD_ITEMS else 1  # column blocks per item
@@ -496,18 +511,31 @@ def _delta_flush_kernel(
                 dk = tl.exp(gt)
                 if BF16_SPLIT:
                     k_hi, k_mid, k_lo = _bf16_split3(kw)
+            if PREFETCH:  # the first column block's checkpoint tile, then each next one a block ahead
+                offs_n = i_v0 * BV + tl.arange(0, BV)
+                s_next = tl.load(s_base + offs_k[:, None] * ss_k + offs_n[None, :] * ss_v,
+                                 mask=mk[:, None] & (offs_n < V)[None, :], other=0.0)
             for j in range(n_cols):
                 offs_v = (i_v0 + j) * BV + tl.arange(0, BV)
                 mv = offs_v < V
                 m2 = mk[:, None] & mv[None, :]
+                if PREFETCH:
+                    s_cur = s_next
+                    offs_n = offs_v + BV
+                    s_next = tl.load(s_base + offs_k[:, None] * ss_k + offs_n[None, :] * ss_v,
+                                     mask=mk[:, None] & ((offs_n < V) & (offs_n < (i_v0 + n_cols) * BV))[None, :],
+                                     other=0.0)
                 ub = tl.load(ub_base + offs_l[:, None] * sub_l + offs_v[None, :] * sub_v,
                              mask=ml[:, None] & mv[None, :], other=0.0)  # (LP, BV), ring dtype
                 if OUTPUT:
                     vv = tl.load(v_ptr + b * sv_b + h * sv_h + offs_v * sv_v, mask=mv, other=0.0).to(tl.float32)
                 else:
                     uc = tl.load(uf_ptr + i_bh * V + offs_v, mask=mv, other=0.0)
-                s0 = tl.load(s_base + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v, mask=m2,
-                             other=0.0).to(tl.float32)
+                if PREFETCH:
+                    s0 = s_cur.to(tl.float32)
+                else:
+                    s0 = tl.load(s_base + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v, mask=m2,
+                                 other=0.0).to(tl.float32)
                 if KDA:
                     acc = s0 * dk[:, None]
                     if BF16_SPLIT:
@@ -566,7 +594,8 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
         return dict(block_v=32, num_warps=8, block_k=bk, flush_block_v=16, flush_block_k=bk, flush_warps=8,
                     flush_programs=4, flush_stages=2, coef_block_k=64, coef_warps=1,
                     coef_per_key_head=False, coef_write_x=True, flush_bf16_split=False, ring_by_cursor=True,
-                    coef_narrow=False, flush_head_items=False, dependent_launch=False, flush_output=False)
+                    coef_narrow=False, flush_head_items=False, dependent_launch=False, flush_output=False,
+                    flush_prefetch=False)
     # H200, batch 256, L=16 (examples/benchmarks/results/delta_h200_2026-11-30_r4*): output
     # programs of 1-2 warps, because the key-dim reduction crosses warps (4 warps: 16-bit
     # checkpoints 1.46-1.53x slower, fp32 1.03-1.06x); flush items of 64 columns with a
@@ -611,17 +640,22 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
     # (4 warps, 64 columns, 4 programs: 1.02x, 1.02x, 0.99x, 0.98x). Not for Gated DeltaNet with
     # 16-bit checkpoints (Qwen3.5-4B bf16 0.97-0.98x: the output launch's checkpoint load then
     # waits for the cursor, which costs more there than the second read saves).
+    # Gated DeltaNet with fp32 checkpoints: the flush loads each column block's checkpoint tile one
+    # block ahead, with an unpipelined item loop (same run; results/delta_flush_output_h200_2026-12-01.md):
+    # Qwen3.5-4B 165.9 vs 168.7 µs, 122B 311.7 vs 316.0 (KDA fp32 0.988x; 16-bit checkpoints 1.00x).
     split_16 = not kda and state_dtype.itemsize == 2  # 128-column flush items were timed with the split products
+    prefetch = not kda and state_dtype.itemsize == 4
     if split_16:
         flush_v, flush_w, flush_p = 128, 4, 2
     else:
         flush_v, flush_w, flush_p = 32, 2, 8
     return dict(block_v=block_v, num_warps=warps, block_k=bk, flush_block_v=flush_v,
                 flush_block_k=32 if kda else bk, flush_warps=flush_w,
-                flush_programs=flush_p, flush_stages=1 if kda else 2, coef_block_k=128, coef_warps=1,
+                flush_programs=flush_p, flush_stages=1 if kda or prefetch else 2, coef_block_k=128, coef_warps=1,
                 coef_per_key_head=not kda, coef_write_x=state_dtype.itemsize == 4,
                 flush_bf16_split=True, ring_by_cursor=True, coef_narrow=kda, flush_head_items=True,
-                dependent_launch=kda and state_dtype.itemsize == 4, flush_output=not split_16)
+                dependent_launch=kda and state_dtype.itemsize == 4, flush_output=not split_16,
+                flush_prefetch=prefetch)
 
 
 def delta_replay_decode_triton(
@@ -657,6 +691,7 @@ def delta_replay_decode_triton(
     flush_head_items: bool | None = None,
     dependent_launch: bool | None = None,
     flush_output: bool | None = None,
+    flush_prefetch: bool | None = None,
 ) -> torch.Tensor:
     """Triton version of ``delta_replay_decode_reference`` (same arguments and result).
 
@@ -683,7 +718,8 @@ def delta_replay_decode_triton(
     while the coefficient launch finishes: programmatic dependent launch, where the device and
     Triton support it; see ``dependent_launch_supported``) and ``flush_output`` (the flush launch
     computes the flush rows' output too and the output launch skips them, so a flush step reads the
-    checkpoint once; its flush key tile is then the whole key dim). Defaults: ``default_config``.
+    checkpoint once; its flush key tile is then the whole key dim) and ``flush_prefetch`` (the flush
+    loads each column block's checkpoint tile one block ahead). Defaults: ``default_config``.
     ``one_launch``: run the small-batch kernel of ``triton_small_batch.py`` instead (K <= 256; with
     ``one_launch=True`` its knobs are ``block_v`` and ``num_warps``); by default it runs, with
     its own launch defaults, for batches of at most ``SMALL_BATCH_MAX`` rows.
@@ -741,7 +777,8 @@ def delta_replay_decode_triton(
     if per_key:
         _gdn_coef_kernel[(Bt * Hk,)](
             q, k, g, k_buf, g_buf, cursor, xs, cw, *sq, *sk, *g.stride(), *skb, *g_buf.stride()[:3], cursor.stride(0),
-            Hk, GROUP, K, L, BK=BKC, NK=triton.cdiv(K, BKC), LP=LP, WRITE_X=write_x, RING_BY_CURSOR=by_cur, PDL=pdl,
+            Hk, GROUP, K, L, BK=BKC, NK=triton.cdiv(K, BKC), LP=LP, GP=triton.next_power_of_2(GROUP), WRITE_X=write_x,
+            RING_BY_CURSOR=by_cur, PDL=pdl,
             num_warps=coef_warps or cfg["coef_warps"],
         )
     else:
@@ -774,7 +811,7 @@ def delta_replay_decode_triton(
             row0, n_rows, HV, GROUP, K, V, L, NVF,
             KDA=kda, BK=BKF, NK=triton.cdiv(K, BKF), BV=BVF, LP=LP, BB=BB,
             DOT_PREC="ieee" if interp else "tf32x3", BF16_SPLIT=bf16_split, HEAD_ITEMS=head_items,
-            OUTPUT=fused_flush,
+            OUTPUT=fused_flush, PREFETCH=_switch(cfg, "flush_prefetch", flush_prefetch),
             num_warps=flush_warps or cfg["flush_warps"], num_stages=flush_stages or cfg["flush_stages"],
         )
     advance_cursor_triton(cursor, L)

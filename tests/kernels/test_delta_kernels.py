@@ -116,6 +116,10 @@ CASES = [
                                                                            flush_head_items=False)),
     ("kda-L1-flush-output-3vblocks", 2, 2, 20, 40, 1, True, dict(flush_output=True, flush_block_v=16,
                                                                   block_k=16)),
+    # the flush launch loading each column block's checkpoint tile one block ahead (flush_prefetch)
+    ("gdn-gva-L4-flush-prefetch-2vblocks", 2, 4, 20, 24, 4, False, dict(flush_prefetch=True, flush_block_v=16)),
+    ("kda-L3-flush-prefetch-ktiles-3vblocks", 2, 2, 40, 40, 3, True, dict(flush_prefetch=True, flush_output=False,
+                                                                          block_k=16, flush_block_v=16)),
     # dependent launches need a CUDA device: asked for under the interpreter, the launches run one after another
     ("kda-L4-dependent-launch-asked", 2, 2, 20, 24, 4, True, dict(dependent_launch=True)),
 ]

@@ -130,6 +130,8 @@ VARIANTS = {"bv32": dict(block_v=32, num_warps=4), "bv128-w8": dict(block_v=128,
             "flush-ktiles-32": dict(flush_block_k=32, flush_output=False),
             "flush-output": dict(flush_output=True), "no-flush-output": dict(flush_output=False),
             "flush-output-column-items": dict(flush_output=True, flush_head_items=False, flush_block_v=64),
+            "flush-prefetch": dict(flush_prefetch=True),
+            "flush-prefetch-no-output": dict(flush_prefetch=True, flush_output=False),
             "dependent-launch": dict(dependent_launch=True), "no-dependent-launch": dict(dependent_launch=False)}
 
 
