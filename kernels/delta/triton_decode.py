@@ -271,7 +271,7 @@ def _gdn_coef_kernel(
     HV = Hk * GROUP
     bh = b * HV + h_g  # (GP,)
     cw_base = cw_ptr + bh[:, None] * 3 * LP + offs_l[None, :]
-    m2 = mg[:, None] & (offs_l < LP)[None, :]
+    m2 = mg[:, None] & (offs_l < LP)[None, :]  # the value-head mask over the whole (GP, LP) tile
     tl.store(cw_base, dk[None, :] * w, mask=m2)
     tl.store(cw_base + LP, dq[None, :] * w, mask=m2)
     tl.store(cw_base + 2 * LP, tl.where(offs_l[None, :] == 0, kqs, tl.where(offs_l[None, :] == 1, dsc[:, None], 0.0)),
@@ -319,8 +319,8 @@ def _delta_output_kernel(
 ):
     """SKIP_FLUSH_ROWS: rows whose cursor is ``L - 1`` are left to the flush launch, which
     computes their output while it rebuilds the checkpoint (their checkpoint tile is not
-    loaded here, so that load waits for the cursor). X_FROM_KEYS (Gated DeltaNet): scale k_c and q by exp(G_c) (cw[2, 1]) here instead of
-    reading them from the x scratch. RING_BY_CURSOR: the u ring load is bounded by the cursor
+    loaded here, so that load waits for the cursor). X_FROM_KEYS (Gated DeltaNet): scale k_c
+    and q by exp(G_c) (cw[2, 1]) here instead of reading them from the x scratch. RING_BY_CURSOR: the u ring load is bounded by the cursor
     (it then waits for the cursor; the checkpoint tile load does not). PDL: launched as a
     programmatic dependent of the coefficient launch, so its checkpoint, ring and input loads
     (nothing that launch writes) are issued while that launch finishes; the scratch is read
@@ -342,7 +342,9 @@ def _delta_output_kernel(
 
     # The checkpoint tile and the small inputs are loaded before the cursor is known (an idle
     # row's are discarded); the ring load waits for it with RING_BY_CURSOR (fewer bytes; the
-    # checkpoint load is in flight meanwhile), else it is bounded by L and issued at once.
+    # checkpoint load is in flight meanwhile), else it is bounded by L and issued at once. With
+    # SKIP_FLUSH_ROWS the checkpoint load skips flush rows, so it waits for the cursor too, and
+    # the other loads come after the flush rows' exit.
     c = tl.load(cur_ptr + b * sc_b)
     if NK == 1:
         offs_k0 = tl.arange(0, BK)
@@ -496,7 +498,7 @@ def _delta_flush_kernel(
             offs_k = i_k * BK + tl.arange(0, BK)
             mk = offs_k < K
             kc = tl.load(k_ptr + b * sk_b + hk * sk_h + offs_k * sk_k, mask=mk, other=0.0).to(tl.float32)
-            if OUTPUT:
+            if OUTPUT:  # (NK == 1: these are whole-key-dim vectors)
                 qc = tl.load(q_ptr + b * sq_b + hk * sq_h + offs_k * sq_k, mask=mk, other=0.0).to(tl.float32)
                 kq = tl.sum(kc * qc, axis=0)
                 beta = tl.load(beta_ptr + b * sbt_b + h * sbt_h).to(tl.float32)
@@ -716,10 +718,11 @@ def delta_replay_decode_triton(
     items of a whole value head, whose column blocks one program walks: ring keys and KDA decay
     weights loaded and computed once per head) and ``dependent_launch`` (the output launch starts
     while the coefficient launch finishes: programmatic dependent launch, where the device and
-    Triton support it; see ``dependent_launch_supported``) and ``flush_output`` (the flush launch
-    computes the flush rows' output too and the output launch skips them, so a flush step reads the
-    checkpoint once; its flush key tile is then the whole key dim) and ``flush_prefetch`` (the flush
-    loads each column block's checkpoint tile one block ahead). Defaults: ``default_config``.
+    Triton support it; see ``dependent_launch_supported``). Two more flush knobs: ``flush_output``
+    (the flush launch computes the flush rows' output too and the output launch skips them, so a
+    flush step reads the checkpoint once; its flush key tile is then the whole key dim, whatever
+    ``flush_block_k`` says) and ``flush_prefetch`` (the flush loads each column block's checkpoint
+    tile one block ahead). Defaults: ``default_config``.
     ``one_launch``: run the small-batch kernel of ``triton_small_batch.py`` instead (K <= 256; with
     ``one_launch=True`` its knobs are ``block_v`` and ``num_warps``); by default it runs, with
     its own launch defaults, for batches of at most ``SMALL_BATCH_MAX`` rows.
@@ -756,15 +759,17 @@ def delta_replay_decode_triton(
     dev = v.device
     # one fp32 scratch allocation per call, viewed as: xs (Bt, HV, 2, K) [exp(G_c) k_c, exp(G_c) q]
     # (absent when the output launch scales k_c and q itself), cw (Bt, HV, 3, LP) [ck, cq,
-    # (k_c . q, exp(G_c) from the per-key-head launch)], uf (Bt, HV, V) u_c of flush rows
+    # (k_c . q, exp(G_c) from the per-key-head launch)], uf (Bt, HV, V) u_c of flush rows (absent
+    # when the flush launch computes their step: flush_output)
     per_key = not kda and _switch(cfg, "coef_per_key_head", coef_per_key_head)
     write_x = per_key and _switch(cfg, "coef_write_x", coef_write_x)
     x_from_keys = per_key and not write_x  # then no launch touches the x scratch
+    fused_flush = _switch(cfg, "flush_output", flush_output) and triton.next_power_of_2(K) <= 256
     n_x, n_c = (0 if x_from_keys else Bt * HV * 2 * K), Bt * HV * 3 * LP
-    scratch = torch.empty(n_x + n_c + Bt * HV * V, dtype=torch.float32, device=dev)
+    scratch = torch.empty(n_x + n_c + (0 if fused_flush else Bt * HV * V), dtype=torch.float32, device=dev)
     xs = scratch if x_from_keys else scratch[:n_x].view(Bt, HV, 2, K)
     cw = scratch[n_x:n_x + n_c].view(Bt, HV, 3, LP)
-    uf = scratch[n_x + n_c:].view(Bt, HV, V)
+    uf = scratch if fused_flush else scratch[n_x + n_c:].view(Bt, HV, V)  # no launch touches it when fused
     sq, sk, sv = q.stride(), k.stride(), v.stride()
     sg = (g.stride(0), g.stride(1), g.stride(2) if kda else 0)
     sgb = (g_buf.stride(0), g_buf.stride(1), g_buf.stride(2), g_buf.stride(3) if kda else 0)
@@ -773,7 +778,6 @@ def delta_replay_decode_triton(
     BKC = max(16, min(coef_block_k or cfg["coef_block_k"], triton.next_power_of_2(K)))
     by_cur = _switch(cfg, "ring_by_cursor", ring_by_cursor)
     pdl = _switch(cfg, "dependent_launch", dependent_launch) and dependent_launch_supported(dev.type, dev.index)
-    fused_flush = _switch(cfg, "flush_output", flush_output) and triton.next_power_of_2(K) <= 256
     if per_key:
         _gdn_coef_kernel[(Bt * Hk,)](
             q, k, g, k_buf, g_buf, cursor, xs, cw, *sq, *sk, *g.stride(), *skb, *g_buf.stride()[:3], cursor.stride(0),

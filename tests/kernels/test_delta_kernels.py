@@ -116,6 +116,10 @@ CASES = [
                                                                            flush_head_items=False)),
     ("kda-L1-flush-output-3vblocks", 2, 2, 20, 40, 1, True, dict(flush_output=True, flush_block_v=16,
                                                                   block_k=16)),
+    # neither the x scratch nor the u_c scratch in use: the scratch holds the coefficients only
+    ("gdn-gva-L4-keys-scaled-in-output-flush-output", 2, 4, 20, 24, 4, False, dict(coef_per_key_head=True,
+                                                                                    coef_write_x=False,
+                                                                                    flush_output=True)),
     # the flush launch loading each column block's checkpoint tile one block ahead (flush_prefetch)
     ("gdn-gva-L4-flush-prefetch-2vblocks", 2, 4, 20, 24, 4, False, dict(flush_prefetch=True, flush_block_v=16)),
     ("kda-L3-flush-prefetch-ktiles-3vblocks", 2, 2, 40, 40, 3, True, dict(flush_prefetch=True, flush_output=False,
