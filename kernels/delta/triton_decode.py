@@ -428,6 +428,13 @@ def _bf16_split3(x):
 
 
 @triton.jit
+def _state_tile(s_base, ss_k, ss_v, offs_k, mk, offs_v, v_end):
+    """Checkpoint tile (BK, BV) at key rows ``offs_k`` and value columns ``offs_v < v_end``."""
+    return tl.load(s_base + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v,
+                   mask=mk[:, None] & (offs_v < v_end)[None, :], other=0.0)
+
+
+@triton.jit
 def _delta_flush_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, ub_ptr, kb_ptr, gb_ptr, cur_ptr, uf_ptr, o_ptr,
     sq_b, sq_h, sq_k,
@@ -484,6 +491,7 @@ def _delta_flush_kernel(
         b = nth_flush_row(csum, rank, row0)
         hk = h // GROUP
         i_bh = b * HV + h
+        v_end = tl.minimum((i_v0 + n_cols) * BV, V)  # end of this item's value columns
         s_base = s_ptr + b * ss_b + h * ss_h
         ub_base = ub_ptr + b * sub_b + h * sub_h
         kb_base = kb_ptr + b * skb_b + hk * skb_h
@@ -514,19 +522,14 @@ def _delta_flush_kernel(
                 if BF16_SPLIT:
                     k_hi, k_mid, k_lo = _bf16_split3(kw)
             if PREFETCH:  # the first column block's checkpoint tile, then each next one a block ahead
-                offs_n = i_v0 * BV + tl.arange(0, BV)
-                s_next = tl.load(s_base + offs_k[:, None] * ss_k + offs_n[None, :] * ss_v,
-                                 mask=mk[:, None] & (offs_n < V)[None, :], other=0.0)
+                s_next = _state_tile(s_base, ss_k, ss_v, offs_k, mk, i_v0 * BV + tl.arange(0, BV), v_end)
             for j in range(n_cols):
                 offs_v = (i_v0 + j) * BV + tl.arange(0, BV)
                 mv = offs_v < V
                 m2 = mk[:, None] & mv[None, :]
                 if PREFETCH:
                     s_cur = s_next
-                    offs_n = offs_v + BV
-                    s_next = tl.load(s_base + offs_k[:, None] * ss_k + offs_n[None, :] * ss_v,
-                                     mask=mk[:, None] & ((offs_n < V) & (offs_n < (i_v0 + n_cols) * BV))[None, :],
-                                     other=0.0)
+                    s_next = _state_tile(s_base, ss_k, ss_v, offs_k, mk, offs_v + BV, v_end)
                 ub = tl.load(ub_base + offs_l[:, None] * sub_l + offs_v[None, :] * sub_v,
                              mask=ml[:, None] & mv[None, :], other=0.0)  # (LP, BV), ring dtype
                 if OUTPUT:
@@ -536,8 +539,7 @@ def _delta_flush_kernel(
                 if PREFETCH:
                     s0 = s_cur.to(tl.float32)
                 else:
-                    s0 = tl.load(s_base + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v, mask=m2,
-                                 other=0.0).to(tl.float32)
+                    s0 = _state_tile(s_base, ss_k, ss_v, offs_k, mk, offs_v, v_end).to(tl.float32)
                 if KDA:
                     acc = s0 * dk[:, None]
                     if BF16_SPLIT:
