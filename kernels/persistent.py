@@ -17,11 +17,12 @@ FLUSH_ROWS = 4096
 
 
 @triton.jit
-def flush_row_prefix(cur_ptr, s_cur, row0, n_rows, L, BB: tl.constexpr):
-    """(inclusive prefix count (BB,) int32 of the chunk's rows with cursor L - 1, their number)."""
+def flush_row_prefix(cur_ptr, s_cur, row0, n_rows, flush_at, BB: tl.constexpr):
+    """(inclusive prefix count (BB,) int32 of the chunk's rows whose cursor is ``flush_at``
+    (``L - 1``; 0 on already advanced cursors), their number)."""
     offs = tl.arange(0, BB)
     cv = tl.load(cur_ptr + (row0 + offs) * s_cur, mask=offs < n_rows, other=-1)
-    fl = (cv == L - 1).to(tl.int32)
+    fl = (cv == flush_at).to(tl.int32)
     return tl.cumsum(fl, axis=0), tl.sum(fl, axis=0)
 
 

@@ -10,8 +10,8 @@ history ``A = exp(G_c) S0 + sum_{j<c} (exp(G_c - G_j) k_j) u_j^T``, a step needs
 so a step is one read of the checkpoint against two key-dim vectors plus a few ring
 terms. Batches of at most ``SMALL_BATCH_MAX`` rows run the one-launch kernel of
 ``triton_small_batch.py`` by default (launch latency dominates there); larger ones run
-four launches, none of which syncs with the host (a whole step can be captured in a
-CUDA graph):
+three launches (four with a cursor launch), none of which syncs with the host (a whole step
+can be captured in a CUDA graph):
 
 1. ``_delta_coef_kernel``, one program per (row, value head): the key-dim vectors
    ``xk = exp(G_c) k_c``, ``xq = exp(G_c) q`` and the ring coefficients
@@ -48,7 +48,13 @@ CUDA graph):
    ``o``; the whole key dim is one tile), so a flush step reads the checkpoint once; with
    ``flush_prefetch`` (Gated DeltaNet with fp32 checkpoints) the next column block's checkpoint
    tile is loaded while the current one is worked on.
-4. ``cursor <- (cursor + 1) % L`` on active rows (after every program has read it).
+4. ``cursor <- (cursor + 1) % L`` on active rows, after every program has read it: by default
+   without a launch of its own (``advance_in_flush``): the coefficient launch writes the
+   advanced cursors to a scratch, the flush launch finds its rows there (a flush row's is 0)
+   and its program 0 copies them back. The flush launch is then by default a programmatic
+   dependent of the output launch (``flush_dependent_launch``): with ``flush_output`` its items
+   touch nothing that launch reads or writes, so they start under its tail and only the
+   cursor copy waits for it.
 
 Rows with a negative cursor are idle: nothing of theirs is written (``out`` keeps its
 contents, or gets zeros when the caller asked for a fresh output); their checkpoint tile
@@ -84,6 +90,13 @@ __all__ = ["delta_replay_decode_triton", "advance_cursor_triton", "SMALL_BATCH_M
 #: it takes 0.51-0.95x the time of the four launches (Qwen3.5-4B fp32, batch 1: 5.7 vs
 #: 11.1 µs); at batch 8 it is 0.74-1.24x (slower for the KDA shape).
 SMALL_BATCH_MAX = 4
+
+
+@triton.jit
+def _store_next_cursor(cn_ptr, b, c, L):
+    """The row's cursor after this step, ``(c + 1) % L`` (idle rows, ``c < 0``, keep theirs),
+    into the next-cursor scratch (Bt,) int32."""
+    tl.store(cn_ptr + b, tl.where(c >= 0, (c + 1) % L, c))
 
 
 @triton.jit
@@ -160,7 +173,7 @@ def _ring_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k,
 
 @triton.jit
 def _delta_coef_kernel(
-    q_ptr, k_ptr, g_ptr, kb_ptr, gb_ptr, cur_ptr, x_ptr, cw_ptr,
+    q_ptr, k_ptr, g_ptr, kb_ptr, gb_ptr, cur_ptr, x_ptr, cw_ptr, cn_ptr,
     sq_b, sq_h, sq_k,
     sk_b, sk_h, sk_k,
     sg_b, sg_h, sg_k,
@@ -169,7 +182,7 @@ def _delta_coef_kernel(
     sc_b,
     HV, GROUP, K, L,
     KDA: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, LP: tl.constexpr, RING_BY_CURSOR: tl.constexpr,
-    NARROW: tl.constexpr, PDL: tl.constexpr,
+    NARROW: tl.constexpr, PDL: tl.constexpr, NEXT_CURSOR: tl.constexpr,
 ):
     """x scratch (Bt, HV, 2, K): [xk, xq]; cw scratch (Bt, HV, 3, LP): [ck, cq, (k_c . q, 0...)].
 
@@ -177,6 +190,8 @@ def _delta_coef_kernel(
     NARROW (KDA): rows with ``c <= LP / 2`` work on half the ring window (half the exps,
     cumulative sums and products; the window is fixed at compile time, the cursor is not).
     PDL: let the output launch start now (it waits for this launch before reading the scratch).
+    NEXT_CURSOR: the row's advanced cursor goes to the scratch ``cn`` (by its head-0 program),
+    which the flush launch copies to the cursors.
     """
     if PDL:
         gdc_launch_dependents()
@@ -185,6 +200,9 @@ def _delta_coef_kernel(
     h = pid % HV
     hk = h // GROUP
     c = tl.load(cur_ptr + b * sc_b)
+    if NEXT_CURSOR:
+        if h == 0:
+            _store_next_cursor(cn_ptr, b, c, L)
     q_base = q_ptr + b * sq_b + hk * sq_h
     k_base = k_ptr + b * sk_b + hk * sk_h
     g_base = g_ptr + b * sg_b + h * sg_h
@@ -213,7 +231,7 @@ def _delta_coef_kernel(
 
 @triton.jit
 def _gdn_coef_kernel(
-    q_ptr, k_ptr, g_ptr, kb_ptr, gb_ptr, cur_ptr, x_ptr, cw_ptr,
+    q_ptr, k_ptr, g_ptr, kb_ptr, gb_ptr, cur_ptr, x_ptr, cw_ptr, cn_ptr,
     sq_b, sq_h, sq_k,
     sk_b, sk_h, sk_k,
     sg_b, sg_h,
@@ -222,7 +240,7 @@ def _gdn_coef_kernel(
     sc_b,
     Hk, GROUP, K, L,
     BK: tl.constexpr, NK: tl.constexpr, LP: tl.constexpr, GP: tl.constexpr, WRITE_X: tl.constexpr,
-    RING_BY_CURSOR: tl.constexpr, PDL: tl.constexpr,
+    RING_BY_CURSOR: tl.constexpr, PDL: tl.constexpr, NEXT_CURSOR: tl.constexpr,
 ):
     """Gated DeltaNet coefficients, one program per (row, key head): the ring-key products
     ``k_j . k_c`` and ``k_j . q`` are computed once for the GROUP value heads that share the
@@ -230,14 +248,17 @@ def _gdn_coef_kernel(
     one (GP, ...) tile (GP = GROUP rounded up to a power of two), so their gate rings load with
     the ring keys. cw scratch (Bt, HV, 3, LP): [ck, cq, (k_c . q, exp(G_c), 0...)]; the output
     launch scales k_c and q by exp(G_c) itself, unless WRITE_X: then this launch writes the x
-    scratch (Bt, HV, 2, K) [exp(G_c) k_c, exp(G_c) q] as ``_delta_coef_kernel`` does. PDL: as
-    there."""
+    scratch (Bt, HV, 2, K) [exp(G_c) k_c, exp(G_c) q] as ``_delta_coef_kernel`` does. PDL and
+    NEXT_CURSOR: as there (key head 0 stores the next cursor)."""
     if PDL:
         gdc_launch_dependents()
     pid = tl.program_id(0)
     b = (pid // Hk).to(tl.int64)
     hk = pid % Hk
     c = tl.load(cur_ptr + b * sc_b)
+    if NEXT_CURSOR:
+        if hk == 0:
+            _store_next_cursor(cn_ptr, b, c, L)
     offs_l = tl.arange(0, LP)
     ml = offs_l < c
     inl = ml if RING_BY_CURSOR else offs_l < L
@@ -315,7 +336,7 @@ def _delta_output_kernel(
     HV, GROUP, K, V, L, NV,
     KDA: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr,
     WRITE_IDLE: tl.constexpr, X_FROM_KEYS: tl.constexpr, RING_BY_CURSOR: tl.constexpr, PDL: tl.constexpr,
-    SKIP_FLUSH_ROWS: tl.constexpr,
+    SKIP_FLUSH_ROWS: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr,
 ):
     """SKIP_FLUSH_ROWS: rows whose cursor is ``L - 1`` are left to the flush launch, which
     computes their output while it rebuilds the checkpoint (their checkpoint tile is not
@@ -324,7 +345,10 @@ def _delta_output_kernel(
     (it then waits for the cursor; the checkpoint tile load does not). PDL: launched as a
     programmatic dependent of the coefficient launch, so its checkpoint, ring and input loads
     (nothing that launch writes) are issued while that launch finishes; the scratch is read
-    after ``gdc_wait``."""
+    after ``gdc_wait``. LAUNCH_DEPENDENTS: let the flush launch (a programmatic dependent of
+    this one) start now."""
+    if LAUNCH_DEPENDENTS:
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     i_v = pid % NV
     i_bh = pid // NV
@@ -436,7 +460,7 @@ def _state_tile(s_base, ss_k, ss_v, offs_k, mk, offs_v, v_end):
 
 @triton.jit
 def _delta_flush_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, ub_ptr, kb_ptr, gb_ptr, cur_ptr, uf_ptr, o_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, ub_ptr, kb_ptr, gb_ptr, cur_ptr, cn_ptr, uf_ptr, o_ptr,
     sq_b, sq_h, sq_k,
     sk_b, sk_h, sk_k,
     sv_b, sv_h, sv_v,
@@ -451,7 +475,7 @@ def _delta_flush_kernel(
     row0, n_rows, HV, GROUP, K, V, L, NV,
     KDA: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr,
     BB: tl.constexpr, DOT_PREC: tl.constexpr, BF16_SPLIT: tl.constexpr, HEAD_ITEMS: tl.constexpr,
-    OUTPUT: tl.constexpr, PREFETCH: tl.constexpr,
+    OUTPUT: tl.constexpr, PREFETCH: tl.constexpr, NEXT_CURSOR: tl.constexpr, PDL: tl.constexpr,
 ):
     """Persistent: the programs share the work items of the rows ``row0 .. row0 + n_rows - 1``
     whose cursor is ``L - 1``, found on the device from the cursors (a prefix count), so a step
@@ -472,8 +496,26 @@ def _delta_flush_kernel(
     block's rebuilt history ``A`` gives ``r = A^T k_c``, ``u_c = beta (v - r)`` and the output
     ``o = A^T q + (k_c . q) u_c``, then ``A + k_c u_c^T`` is stored; the checkpoint is read once
     on a flush step instead of twice. PREFETCH: each column block's checkpoint tile is loaded
-    one block ahead (two tiles in registers), so its load overlaps the previous block's work."""
-    csum, n_flush = flush_row_prefix(cur_ptr, sc_b, row0, n_rows, L, BB)
+    one block ahead (two tiles in registers), so its load overlaps the previous block's work.
+    NEXT_CURSOR: the flush rows are found from the advanced cursors of the coefficient launch
+    (scratch ``cn``, (Bt,) int32: 0 on a flush row), which program 0 then copies to the cursors
+    (no program of this launch reads those), so no launch of its own advances them.
+    PDL: a programmatic dependent of the output launch, so it starts while that launch finishes.
+    With OUTPUT the flush rows' items touch nothing the output launch reads or writes (it skipped
+    those rows: their checkpoint, outputs and ring slots), so only the cursor copy waits for it;
+    without OUTPUT everything waits (the items read its u_c scratch)."""
+    if PDL and not OUTPUT:
+        gdc_wait()
+    if NEXT_CURSOR:
+        csum, n_flush = flush_row_prefix(cn_ptr, 1, row0, n_rows, 0, BB)
+        if tl.program_id(0) == 0:
+            if PDL and OUTPUT:
+                gdc_wait()  # every program of the output launch has read the cursors
+            offs_r = row0 + tl.arange(0, BB)
+            mr = offs_r < row0 + n_rows
+            tl.store(cur_ptr + offs_r * sc_b, tl.load(cn_ptr + offs_r, mask=mr), mask=mr)
+    else:
+        csum, n_flush = flush_row_prefix(cur_ptr, sc_b, row0, n_rows, L - 1, BB)
     per_row = HV if HEAD_ITEMS else HV * NV
     n_cols = NV if HEAD_ITEMS else 1  # column blocks per item
     total = n_flush * per_row
@@ -599,7 +641,7 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
                     flush_programs=4, flush_stages=2, coef_block_k=64, coef_warps=1,
                     coef_per_key_head=False, coef_write_x=True, flush_bf16_split=False, ring_by_cursor=True,
                     coef_narrow=False, flush_head_items=False, dependent_launch=False, flush_output=False,
-                    flush_prefetch=False)
+                    flush_prefetch=False, advance_in_flush=True, flush_dependent_launch=True)
     # H200, batch 256, L=16 (examples/benchmarks/results/delta_h200_2026-11-30_r4*): output
     # programs of 1-2 warps, because the key-dim reduction crosses warps (4 warps: 16-bit
     # checkpoints 1.46-1.53x slower, fp32 1.03-1.06x); flush items of 64 columns with a
@@ -647,6 +689,14 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
     # Gated DeltaNet with fp32 checkpoints: the flush loads each column block's checkpoint tile one
     # block ahead, with an unpipelined item loop (same run; results/delta_flush_output_h200_2026-12-01.md):
     # Qwen3.5-4B 165.9 vs 168.7 µs, 122B 311.7 vs 316.0 (KDA fp32 0.988x; 16-bit checkpoints 1.00x).
+    # The cursor advance without a launch of its own: the coefficient launch writes the advanced
+    # cursors to a scratch, the flush launch finds its rows there and copies them back; and the
+    # flush launch as a programmatic dependent of the output launch, so its start (and, on a step
+    # without flush rows, nearly all of it) runs under that launch's tail (H200, L=16, whole cycle,
+    # same run; results/delta_launch_overlap_h200_2026-12-01.md): batch 256 fp32 Qwen3.5-4B
+    # 164.2 vs 167.0 µs (advance) and 162.4 vs 164.2 (dependent flush), 122B 1.004x and 1.005x,
+    # bf16 1.006-1.012x; batch 32 Qwen3.5-4B 1.06x (dependent flush). KDA with fp32 checkpoints keeps
+    # its dependent output launch instead (the two do not chain; 1.001x either way).
     split_16 = not kda and state_dtype.itemsize == 2  # 128-column flush items were timed with the split products
     prefetch = not kda and state_dtype.itemsize == 4
     if split_16:
@@ -659,7 +709,7 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
                 coef_per_key_head=not kda, coef_write_x=state_dtype.itemsize == 4,
                 flush_bf16_split=True, ring_by_cursor=True, coef_narrow=kda, flush_head_items=True,
                 dependent_launch=kda and state_dtype.itemsize == 4, flush_output=not split_16,
-                flush_prefetch=prefetch)
+                flush_prefetch=prefetch, advance_in_flush=True, flush_dependent_launch=True)
 
 
 def delta_replay_decode_triton(
@@ -696,6 +746,8 @@ def delta_replay_decode_triton(
     dependent_launch: bool | None = None,
     flush_output: bool | None = None,
     flush_prefetch: bool | None = None,
+    advance_in_flush: bool | None = None,
+    flush_dependent_launch: bool | None = None,
 ) -> torch.Tensor:
     """Triton version of ``delta_replay_decode_reference`` (same arguments and result).
 
@@ -724,7 +776,11 @@ def delta_replay_decode_triton(
     (the flush launch computes the flush rows' output too and the output launch skips them, so a
     flush step reads the checkpoint once; its flush key tile is then the whole key dim, whatever
     ``flush_block_k`` says) and ``flush_prefetch`` (the flush loads each column block's checkpoint
-    tile one block ahead). Defaults: ``default_config``.
+    tile one block ahead); ``advance_in_flush`` (the coefficient launch writes the advanced cursors
+    to a scratch that the flush launch copies back, instead of a cursor launch after the flush) and
+    ``flush_dependent_launch`` (with it, the flush launch is a programmatic dependent of the output
+    launch; not when ``dependent_launch`` makes the output launch one itself). Defaults:
+    ``default_config``.
     ``one_launch``: run the small-batch kernel of ``triton_small_batch.py`` instead (K <= 256; with
     ``one_launch=True`` its knobs are ``block_v`` and ``num_warps``); by default it runs, with
     its own launch defaults, for batches of at most ``SMALL_BATCH_MAX`` rows.
@@ -780,18 +836,26 @@ def delta_replay_decode_triton(
     BKC = max(16, min(coef_block_k or cfg["coef_block_k"], triton.next_power_of_2(K)))
     by_cur = _switch(cfg, "ring_by_cursor", ring_by_cursor)
     pdl = _switch(cfg, "dependent_launch", dependent_launch) and dependent_launch_supported(dev.type, dev.index)
+    next_cur = _switch(cfg, "advance_in_flush", advance_in_flush)
+    # The flush launch as a dependent of the output launch: only with the advance in the flush (its
+    # program 0 waits for the output launch, so the flush launch ends after it), and not when the
+    # output launch is itself a dependent (its flush-row programs exit before waiting for the
+    # coefficient launch, whose next cursors the flush reads).
+    flush_pdl = (next_cur and not pdl and _switch(cfg, "flush_dependent_launch", flush_dependent_launch)
+                 and dependent_launch_supported(dev.type, dev.index))
+    cn = torch.empty((Bt,), dtype=torch.int32, device=dev) if next_cur else cursor
     if per_key:
         _gdn_coef_kernel[(Bt * Hk,)](
-            q, k, g, k_buf, g_buf, cursor, xs, cw, *sq, *sk, *g.stride(), *skb, *g_buf.stride()[:3], cursor.stride(0),
-            Hk, GROUP, K, L, BK=BKC, NK=triton.cdiv(K, BKC), LP=LP, GP=triton.next_power_of_2(GROUP), WRITE_X=write_x,
-            RING_BY_CURSOR=by_cur, PDL=pdl,
+            q, k, g, k_buf, g_buf, cursor, xs, cw, cn, *sq, *sk, *g.stride(), *skb, *g_buf.stride()[:3],
+            cursor.stride(0), Hk, GROUP, K, L, BK=BKC, NK=triton.cdiv(K, BKC), LP=LP, GP=triton.next_power_of_2(GROUP),
+            WRITE_X=write_x, RING_BY_CURSOR=by_cur, PDL=pdl, NEXT_CURSOR=next_cur,
             num_warps=coef_warps or cfg["coef_warps"],
         )
     else:
         _delta_coef_kernel[(Bt * HV,)](
-            q, k, g, k_buf, g_buf, cursor, xs, cw, *sq, *sk, *sg, *skb, *sgb, cursor.stride(0),
+            q, k, g, k_buf, g_buf, cursor, xs, cw, cn, *sq, *sk, *sg, *skb, *sgb, cursor.stride(0),
             HV, GROUP, K, L, KDA=kda, BK=BKC, NK=triton.cdiv(K, BKC), LP=LP, RING_BY_CURSOR=by_cur,
-            NARROW=kda and _switch(cfg, "coef_narrow", coef_narrow), PDL=pdl,
+            NARROW=kda and _switch(cfg, "coef_narrow", coef_narrow), PDL=pdl, NEXT_CURSOR=next_cur,
             num_warps=coef_warps or cfg["coef_warps"],
         )
     _delta_output_kernel[(Bt * HV * NV,)](
@@ -799,7 +863,7 @@ def delta_replay_decode_triton(
         *sq, *sk, *sv, *sg, *beta.stride(), *ss, *sub, *skb, *sgb, *out.stride(), cursor.stride(0),
         HV, GROUP, K, V, L, NV,
         KDA=kda, BK=BK, NK=NK, BV=BV, LP=LP, WRITE_IDLE=bool(write_idle), X_FROM_KEYS=x_from_keys,
-        RING_BY_CURSOR=by_cur, PDL=pdl, SKIP_FLUSH_ROWS=fused_flush,
+        RING_BY_CURSOR=by_cur, PDL=pdl, SKIP_FLUSH_ROWS=fused_flush, LAUNCH_DEPENDENTS=flush_pdl,
         num_warps=num_warps or cfg["num_warps"], **({"launch_pdl": True} if pdl else {}),
     )
     n_prog = flush_programs or cfg["flush_programs"] * num_sms(dev.type, dev.index)
@@ -812,13 +876,15 @@ def delta_replay_decode_triton(
         BKF = triton.next_power_of_2(K)
     for row0, n_rows, BB in flush_row_chunks(Bt):
         _delta_flush_kernel[(max(1, min(n_prog, n_rows * HV * (1 if head_items else NVF))),)](
-            q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, uf, out,
+            q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, cn, uf, out,
             *sq, *sk, *sv, *sg, *beta.stride(), *ss, *sub, *skb, *sgb, *out.stride(), cursor.stride(0),
             row0, n_rows, HV, GROUP, K, V, L, NVF,
             KDA=kda, BK=BKF, NK=triton.cdiv(K, BKF), BV=BVF, LP=LP, BB=BB,
             DOT_PREC="ieee" if interp else "tf32x3", BF16_SPLIT=bf16_split, HEAD_ITEMS=head_items,
-            OUTPUT=fused_flush, PREFETCH=_switch(cfg, "flush_prefetch", flush_prefetch),
+            OUTPUT=fused_flush, PREFETCH=_switch(cfg, "flush_prefetch", flush_prefetch), NEXT_CURSOR=next_cur,
+            PDL=flush_pdl, **({"launch_pdl": True} if flush_pdl else {}),
             num_warps=flush_warps or cfg["flush_warps"], num_stages=flush_stages or cfg["flush_stages"],
         )
-    advance_cursor_triton(cursor, L)
+    if not next_cur:
+        advance_cursor_triton(cursor, L)
     return out

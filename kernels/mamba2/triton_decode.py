@@ -473,7 +473,7 @@ def _mamba2_flush_kernel(
     cursor is ``L - 1``, found on the device from the cursors (a prefix count). A step
     without flush rows costs one small load per program; flush work spreads over every
     program whether one row or all rows flush. The cursor is not advanced here."""
-    csum, n_flush = flush_row_prefix(cursor_ptr, s_cur, row0, n_rows, L, BB)
+    csum, n_flush = flush_row_prefix(cursor_ptr, s_cur, row0, n_rows, L - 1, BB)
     per_row = G * n_hc * n_pb
     total = n_flush * per_row
     c = L - 1

@@ -132,7 +132,16 @@ VARIANTS = {"bv32": dict(block_v=32, num_warps=4), "bv128-w8": dict(block_v=128,
             "flush-output-column-items": dict(flush_output=True, flush_head_items=False, flush_block_v=64),
             "flush-prefetch": dict(flush_prefetch=True),
             "flush-prefetch-no-output": dict(flush_prefetch=True, flush_output=False),
-            "dependent-launch": dict(dependent_launch=True), "no-dependent-launch": dict(dependent_launch=False)}
+            "dependent-launch": dict(dependent_launch=True), "no-dependent-launch": dict(dependent_launch=False),
+            "advance-in-flush": dict(advance_in_flush=True), "cursor-launch": dict(advance_in_flush=False),
+            "flush-dependent-launch": dict(flush_dependent_launch=True, dependent_launch=False),
+            "flush-dependent-launch-no-flush-output": dict(flush_dependent_launch=True, dependent_launch=False,
+                                                           flush_output=False),
+            "advance-in-flush-no-flush-output": dict(advance_in_flush=True, flush_output=False),
+            "advance-in-flush-dependent-launch": dict(advance_in_flush=True, dependent_launch=True),
+            "keys-scaled-in-output": dict(coef_per_key_head=True, coef_write_x=False),
+            "advance-in-flush-keys-scaled-in-output": dict(advance_in_flush=True, coef_per_key_head=True,
+                                                           coef_write_x=False)}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -239,19 +248,22 @@ def test_step_kernel_matches_reference(shape, dtypes):
         _close(state, ref, tol_s)
 
 
-@pytest.mark.parametrize(("Bt", "launches"), [(4, "defaults"), (6, "defaults"), (6, "dependent")],
-                         ids=["one-launch", "four-launches", "four-launches-dependent"])
+@pytest.mark.parametrize(("Bt", "launches"),
+                         [(4, "defaults"), (6, "defaults"), (6, "dependent"), (6, "flush-dependent")],
+                         ids=["one-launch", "four-launches", "four-launches-dependent", "four-launches-flush-dependent"])
 @pytest.mark.parametrize("shape", ["qwen35-4b", "kimi-kda"])
 def test_cuda_graph_replay_equals_eager(shape, Bt, launches, monkeypatch):
     """Capture one whole L-step cycle (flushes included) and replay it twice (batch 4 runs
-    the one-launch kernel, batch 6 the four launches; ``dependent``: the output launch a
-    programmatic dependent of the coefficient launch, whatever the defaults say)."""
-    if launches == "dependent":
+    the one-launch kernel, batch 6 the launches; ``dependent``: the output launch a
+    programmatic dependent of the coefficient launch, ``flush-dependent``: the flush launch one
+    of the output launch, whatever the defaults say)."""
+    if launches != "defaults":
         import replayssm.kernels.delta.triton_decode as td
 
         base = td.default_config
-        monkeypatch.setattr(td, "default_config",
-                            lambda *a: {**base(*a), "dependent_launch": True})
+        knobs = ({"dependent_launch": True} if launches == "dependent"
+                 else {"dependent_launch": False, "flush_dependent_launch": True})
+        monkeypatch.setattr(td, "default_config", lambda *a: {**base(*a), **knobs})
     Hk, HV, K, V, kda = SHAPES[shape]
     L = 4
     gen = torch.Generator(device=DEV).manual_seed(4)
