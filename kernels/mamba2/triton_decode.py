@@ -23,9 +23,15 @@ own lanes, ``dt`` by the program of lane block 0 of each head, ``B`` by one prog
 can alias a store of the same launch.
 
 The cursor advance needs every program of a row to have read ``c`` first. Each program of
-an active row arrives at a per-row counter (``atomic_add``, acq_rel, after a CTA barrier)
-right after reading ``c``; the last one to arrive writes ``(c + 1) % L`` at its end and
-resets the counter to zero. The counter is a small internal device buffer (zero between
+an active row arrives at a per-row counter (``atomic_add`` after a CTA barrier) right after
+reading ``c``; the last one to arrive writes ``(c + 1) % L`` at its end and resets the
+counter to zero. The arrival is a relaxed atomic (``advance_sem``): every thread has branched
+on ``c`` (the idle-row exit) before the barrier, so its read has returned before the atomic
+is issued, and the last program's stores depend on the atomic's result; acq_rel ordering
+made every later memory operation of the program wait for the atomic (H200, whole cycle,
+same run: batch 1 1.06-1.08x faster relaxed, batch 8 1.07-1.10x, batch 32 1.02-1.04x, batch
+256 1.004-1.01x; ``examples/benchmarks/results/mamba2_advance_sem_h200_2026-12-01.md``).
+The counter is a small internal device buffer (zero between
 launches; launches on concurrent streams must not overlap); ``advance="kernel"`` runs a
 separate tiny launch instead.
 
@@ -257,7 +263,7 @@ def _mamba2_replay_kernel(
     so_b, so_h, so_p,
     HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     ZERO_IDLE: tl.constexpr, ROUTE: tl.constexpr, ADVANCE: tl.constexpr, DOT_LOWP: tl.constexpr,
-    DOT_PREC: tl.constexpr, EARLY_LOAD: tl.constexpr,
+    DOT_PREC: tl.constexpr, EARLY_LOAD: tl.constexpr, ADV_SEM: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NF: tl.constexpr, BLOCK_L: tl.constexpr,
 ):
     # ROUTE 0: both routes (runtime branch per row); 1: output-only route only (flush rows
@@ -317,7 +323,7 @@ def _mamba2_replay_kernel(
         # Arrive as soon as c is read (the barrier orders every thread's read before the
         # release); the last program of the row to arrive writes the new cursor at the end.
         tl.debug_barrier()
-        arrived = tl.atomic_add(cnt_ptr + b, 1, sem="acq_rel")
+        arrived = tl.atomic_add(cnt_ptr + b, 1, sem=ADV_SEM)
 
     do_work = True
     if ROUTE == 1:
@@ -536,8 +542,12 @@ def _pow2(v: int) -> int:
 
 def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC: int, BLOCK_N: int | None = None,
                        BLOCK_NF: int | None = None, num_warps: int = 4, num_stages: int = 1, route: str = "fused",
-                       advance: str = "atomic", flush: dict | None = None, early_load: bool = False) -> dict:
+                       advance: str = "atomic", flush: dict | None = None, early_load: bool = False,
+                       advance_sem: str = "relaxed") -> dict:
     """A complete launch configuration from its free knobs.
+
+    ``advance_sem``: memory ordering of the in-kernel cursor arrival (``"relaxed"``, ``"release"``
+    or ``"acq_rel"``; see the module notes).
 
     ``flush``: knobs of the persistent flush launch of ``route='split'`` (``BLOCK_P``, ``HC``,
     ``BLOCK_NF``, ``num_warps``, ``num_stages``, ``programs_per_sm`` (default 4) or an absolute
@@ -551,7 +561,10 @@ def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC:
     HC = triton.cdiv(HPG, n_hc)
     cfg = dict(BLOCK_P=int(BLOCK_P), BLOCK_N=int(BLOCK_N), BLOCK_NF=int(BLOCK_NF or min(BLOCK_N, 64)),
                BLOCK_L=max(16, _pow2(L)), HC=HC, n_hc=n_hc, n_pb=triton.cdiv(P, BLOCK_P), num_warps=int(num_warps),
-               num_stages=int(num_stages), route=route, advance=advance, early_load=bool(early_load))
+               num_stages=int(num_stages), route=route, advance=advance, early_load=bool(early_load),
+               advance_sem=advance_sem)
+    if advance_sem not in ("relaxed", "release", "acq_rel"):
+        raise ValueError(f"advance_sem must be 'relaxed', 'release' or 'acq_rel'; got {advance_sem!r}")
     if route == "split":
         f = dict(BLOCK_P=max(16, cfg["BLOCK_P"]), HC=HC, num_warps=num_warps, num_stages=num_stages,
                  BLOCK_NF=cfg["BLOCK_NF"])
@@ -596,12 +609,14 @@ def replay_config(Bt: int, H: int, P: int, N: int, G: int, L: int, state_bytes: 
     # checkpoint 2 warps + 64-column flush tiles 309 vs 337 µs with 4 warps and 32 columns;
     # bf16 checkpoint 1 warp 171 vs 234 µs; same direction at batch 32-512 and for the
     # Nano-4B and Mamba2-2.7B shapes; examples/benchmarks/results/mamba2_launch_h200_2026-11-30.md).
-    # One warp only with 16-bit operands: an fp32 flush tile spills there.
+    # One warp only with 16-bit operands: an fp32 flush tile spills there. Also up to batch 4
+    # (H200, batch 1, L=16, whole cycle, same run: Super 1.024x, Nano-4B 1.023x, Mamba2-2.7B 1.019x;
+    # results/mamba2_advance_sem_h200_2026-12-01.md).
     BLOCK_L = max(16, _pow2(L))
     lowp = state_bytes == 2 and act_bytes == 2
     BLOCK_NF = max(16, min(BLOCK_N, 64 * 16 // BLOCK_L))
     stages = 2 if lowp and not small else 1
-    warps = 1 if lowp and not small else 2
+    warps = 1 if lowp else 2
     return make_replay_config(H, P, N, G, L, BLOCK_P, HC, BLOCK_N, BLOCK_NF, num_warps=warps, num_stages=stages,
                               early_load=True)
 
@@ -644,7 +659,8 @@ def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor
     advance = advance or cfg.get("advance", "atomic")
     if route == "split" and "flush" not in cfg:
         cfg = make_replay_config(H, P, N, G, L, cfg["BLOCK_P"], cfg["HC"], cfg["BLOCK_N"], cfg["BLOCK_NF"],
-                                 cfg["num_warps"], cfg["num_stages"], "split", advance)
+                                 cfg["num_warps"], cfg["num_stages"], "split", advance,
+                                 advance_sem=cfg.get("advance_sem", "relaxed"))
     lowp = state.element_size() == 2 and x_buf.element_size() == 2 and x_buf.dtype == B_buf.dtype
     prec = cfg.get("dot_precision") or ("ieee" if interp else "tf32x3")
     HPG = H // G
@@ -666,6 +682,7 @@ def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor
             *tensors, cnt, P, N, L, G, HPG, c["HC"], c["n_hc"], c["n_pb"], *strides, **flags,
             ZERO_IDLE=bool(zero), ROUTE=route_id, ADVANCE=advance_here,
             EARLY_LOAD=bool(c.get("early_load", False)) and c["BLOCK_N"] >= N,
+            ADV_SEM=c.get("advance_sem", "relaxed"),
             BLOCK_P=c["BLOCK_P"], BLOCK_N=c["BLOCK_N"], BLOCK_NF=c["BLOCK_NF"], BLOCK_L=c["BLOCK_L"],
             num_warps=c["num_warps"], num_stages=c["num_stages"],
         )

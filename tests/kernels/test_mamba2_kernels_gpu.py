@@ -93,7 +93,7 @@ def test_large_batch_config_and_out_none():
 
 
 @pytest.mark.parametrize("variant", ["split", "kernel-advance", "split-small-blocks", "split-specialised",
-                                     "split-specialised-kernel-advance"])
+                                     "split-specialised-kernel-advance", "acq-rel-arrival", "release-arrival"])
 def test_launch_variants(variant):
     from replayssm.kernels.mamba2.triton_decode import launch_mamba2_replay_decode, make_replay_config
 
@@ -106,7 +106,9 @@ def test_launch_variants(variant):
                                                    flush=dict(BLOCK_P=32, persistent=False)),
            "split-specialised-kernel-advance": make_replay_config(H, P, N, G, L, BLOCK_P=32, HC=12, route="split",
                                                                   advance="kernel",
-                                                                  flush=dict(persistent=False, HC=3))}[variant]
+                                                                  flush=dict(persistent=False, HC=3)),
+           "acq-rel-arrival": make_replay_config(H, P, N, G, L, BLOCK_P=32, HC=3, advance_sem="acq_rel"),
+           "release-arrival": make_replay_config(H, P, N, G, L, BLOCK_P=16, HC=1, advance_sem="release")}[variant]
 
     def fn(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None, sp=True, out=None):
         launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, sp, out,
