@@ -156,12 +156,16 @@ def _flush_heads(
     HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     DOT_LOWP: tl.constexpr, DOT_PREC: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_NF: tl.constexpr, BLOCK_L: tl.constexpr,
+    s_e, bw_e, bc_e, cv_e, xw_e, dtw_e, xc_e, dr_e, FROM_EARLY: tl.constexpr,
 ):
     """State-and-output route for heads ``h0 .. h0 + nh - 1`` of row ``b`` (group ``g``),
     head-dim lanes of block ``pb``, at cursor ``c``: builds ``S = abar S0 + X^T diag(w) B``
     over the window (buffered entries and the current token) with a ``tl.dot`` in
     ``BLOCK_NF``-column tiles, stores it as the new checkpoint, writes ``y`` and appends
-    ``x`` (and ``dt`` from lane block 0) at slot ``c``."""
+    ``x`` (and ``dt`` from lane block 0) at slot ``c``. FROM_EARLY (``BLOCK_NF >= N``): the
+    first head's tiles are the ones the caller loaded before the cursor was known
+    (``s_e`` .. ``dr_e``, window loads bounded by L: slot ``c = L - 1`` is replaced by the
+    current token below, slots past L are zeros), instead of loading them again."""
     offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
     mask_p = offs_p < P
     (offs_l, valid_l, cur_l, xb_row, Bb_row, B_row, C_row, x_row, st_row, db_row, dt_row, z_row, o_row, x_rel,
@@ -180,14 +184,24 @@ def _flush_heads(
     mb = valid_l[:, None]
     h = h0
     mn = offs_nf < N
-    s_t = tl.load(st_row + h * ss_h + s_rel, mask=mask_p[:, None] & mn[None, :], other=0.0)
-    bw_t = tl.load(Bb_row + b_rel, mask=mb & mn[None, :], other=0.0)
-    bc_t = tl.load(B_row + offs_nf * sB_n, mask=mn, other=0.0)
-    cv_t = tl.load(C_row + offs_nf * sC_n, mask=mn, other=0.0)
-    xw_t = tl.load(xb_row + h * sxb_h + x_rel, mask=mx, other=0.0)
-    dtw_t = tl.load(db_row + h * sdb_h + offs_l * sdb_l, mask=valid_l, other=0.0)
-    xc_t = tl.load(x_row + h * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
-    dr_t = tl.load(dt_row + h * sdt_h)
+    if FROM_EARLY:
+        s_t = s_e
+        bw_t = bw_e
+        bc_t = bc_e
+        cv_t = cv_e
+        xw_t = xw_e
+        dtw_t = dtw_e
+        xc_t = xc_e
+        dr_t = dr_e
+    else:
+        s_t = tl.load(st_row + h * ss_h + s_rel, mask=mask_p[:, None] & mn[None, :], other=0.0)
+        bw_t = tl.load(Bb_row + b_rel, mask=mb & mn[None, :], other=0.0)
+        bc_t = tl.load(B_row + offs_nf * sB_n, mask=mn, other=0.0)
+        cv_t = tl.load(C_row + offs_nf * sC_n, mask=mn, other=0.0)
+        xw_t = tl.load(xb_row + h * sxb_h + x_rel, mask=mx, other=0.0)
+        dtw_t = tl.load(db_row + h * sdb_h + offs_l * sdb_l, mask=valid_l, other=0.0)
+        xc_t = tl.load(x_row + h * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
+        dr_t = tl.load(dt_row + h * sdt_h)
     acc_y = tl.zeros([BLOCK_P], dtype=tl.float32)
     for t in range(0, total):
         i = t // NT
@@ -303,6 +317,9 @@ def _mamba2_replay_kernel(
         dtw_early = tl.load(dtbuf_ptr + b * sdb_b + h0 * sdb_h + offs_l0 * sdb_l, mask=in_l, other=0.0)
         xc_early = tl.load(x_ptr + b * sx_b + h0 * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
         dr_early = tl.load(dt_ptr + b * sdt_b + h0 * sdt_h)
+    else:  # placeholders: the flush route loads its own tiles then
+        s_early, bw_early, bcur_early, cv_early = 0, 0, 0, 0
+        xw_early, dtw_early, xc_early, dr_early = 0, 0, 0, 0
 
     if c < 0:
         # idle row: nothing written (except zeros into a freshly allocated out); with
@@ -351,6 +368,8 @@ def _mamba2_replay_kernel(
                 sxb_b, sxb_h, sxb_l, sxb_p, sdb_b, sdb_h, sdb_l, sBb_b, sBb_g, sBb_l, sBb_n, sA, sdtb, sD,
                 sz_b, sz_h, sz_p, so_b, so_h, so_p,
                 HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DOT_LOWP, DOT_PREC, BLOCK_P, BLOCK_NF, BLOCK_L,
+                s_early, bw_early, bcur_early, cv_early, xw_early, dtw_early, xc_early, dr_early,
+                EARLY_LOAD and BLOCK_NF == BLOCK_N,  # the first head's tiles are in registers already
             )
         else:
             # ---------------- output-only route ----------------
@@ -501,6 +520,7 @@ def _mamba2_flush_kernel(
             sxb_b, sxb_h, sxb_l, sxb_p, sdb_b, sdb_h, sdb_l, sBb_b, sBb_g, sBb_l, sBb_n, sA, sdtb, sD,
             sz_b, sz_h, sz_p, so_b, so_h, so_p,
             HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DOT_LOWP, DOT_PREC, BLOCK_P, BLOCK_NF, BLOCK_L,
+            0, 0, 0, 0, 0, 0, 0, 0, False,
         )
         if (hc == 0) & (pb == 0):  # one item per (row, group) appends B
             _append_B(B_ptr + b * sB_b + g * sB_g, sB_n, Bbuf_ptr + b * sBb_b + g * sBb_g, sBb_l, sBb_n, Bbuf_ptr, c,

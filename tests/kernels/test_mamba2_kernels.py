@@ -93,6 +93,13 @@ def test_replay_split_and_kernel_advance_variants():
     tiles = make_replay_config(4, 16, 40, 2, 3, BLOCK_P=16, HC=2, BLOCK_N=16, BLOCK_NF=16)
     prob = Problem(3, 4, 16, 40, 2, 3, torch.float32, torch.float32, DEV, [2, 0, 1], seed=12)
     check_replay_trajectory(variant(None, None, tiles), prob, steps=4)
+    # flush tiles as wide as the state dim with early loads: the flush route starts from the tiles
+    # loaded before the cursor was known (the window's stale slots NaN-poisoned), one and two heads
+    # per program
+    for hc in (1, 2):
+        early = make_replay_config(4, 16, 16, 2, 3, BLOCK_P=16, HC=hc, BLOCK_N=16, BLOCK_NF=16, early_load=True)
+        prob = Problem(3, 4, 16, 16, 2, 3, torch.float32, torch.float32, DEV, [2, 0, -1], seed=14)
+        check_replay_trajectory(variant(None, None, early), prob, steps=7)
 
 
 def test_tolerance_catches_tf32_sized_drift():
