@@ -45,7 +45,8 @@ replay kernel specialised to the flush route (``flush=dict(persistent=False)``, 
 2026-11-30). Neither variant syncs with the host, so a
 whole step can be captured in a CUDA graph. Default block sizes (``replay_config``) come
 from H200 measurements (examples/benchmarks/results/). With ``early_load`` (the default)
-every load of a program's first head is issued before the cursor is known.
+every load of a program's first head is issued before the cursor is known (the flush route
+starts from those tiles when one flush tile spans the state dim).
 """
 
 from __future__ import annotations
@@ -162,8 +163,8 @@ def _flush_heads(
     head-dim lanes of block ``pb``, at cursor ``c``: builds ``S = abar S0 + X^T diag(w) B``
     over the window (buffered entries and the current token) with a ``tl.dot`` in
     ``BLOCK_NF``-column tiles, stores it as the new checkpoint, writes ``y`` and appends
-    ``x`` (and ``dt`` from lane block 0) at slot ``c``. FROM_EARLY (``BLOCK_NF >= N``): the
-    first head's tiles are the ones the caller loaded before the cursor was known
+    ``x`` (and ``dt`` from lane block 0) at slot ``c``. FROM_EARLY (early loads, and one flush
+    tile spans the state dim: ``BLOCK_NF == BLOCK_N >= N``): the first head's tiles are the ones the caller loaded before the cursor was known
     (``s_e`` .. ``dr_e``, window loads bounded by L: slot ``c = L - 1`` is replaced by the
     current token below, slots past L are zeros), instead of loading them again."""
     offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -337,8 +338,9 @@ def _mamba2_replay_kernel(
             return
 
     if ADVANCE:
-        # Arrive as soon as c is read (the barrier orders every thread's read before the
-        # release); the last program of the row to arrive writes the new cursor at the end.
+        # Arrive as soon as c is read (every thread has branched on c above, so its read has
+        # returned; see the module notes on ADV_SEM); the last program of the row to arrive
+        # writes the new cursor at the end.
         tl.debug_barrier()
         arrived = tl.atomic_add(cnt_ptr + b, 1, sem=ADV_SEM)
 
@@ -573,6 +575,8 @@ def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC:
     ``BLOCK_NF``, ``num_warps``, ``num_stages``, ``programs_per_sm`` (default 4) or an absolute
     ``programs`` count, ``persistent`` (default True; False: the replay kernel specialised to the
     flush route, one program per work item, so the output launch carries no flush registers))."""
+    if advance_sem not in ("relaxed", "release", "acq_rel"):
+        raise ValueError(f"advance_sem must be 'relaxed', 'release' or 'acq_rel'; got {advance_sem!r}")
     HPG = H // G
     if BLOCK_N is None:
         BLOCK_N = max(16, min(_pow2(N), 256)) if N <= 256 else 128
@@ -583,8 +587,6 @@ def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC:
                BLOCK_L=max(16, _pow2(L)), HC=HC, n_hc=n_hc, n_pb=triton.cdiv(P, BLOCK_P), num_warps=int(num_warps),
                num_stages=int(num_stages), route=route, advance=advance, early_load=bool(early_load),
                advance_sem=advance_sem)
-    if advance_sem not in ("relaxed", "release", "acq_rel"):
-        raise ValueError(f"advance_sem must be 'relaxed', 'release' or 'acq_rel'; got {advance_sem!r}")
     if route == "split":
         f = dict(BLOCK_P=max(16, cfg["BLOCK_P"]), HC=HC, num_warps=num_warps, num_stages=num_stages,
                  BLOCK_NF=cfg["BLOCK_NF"])

@@ -102,6 +102,13 @@ def test_replay_split_and_kernel_advance_variants():
         check_replay_trajectory(variant(None, None, early), prob, steps=7)
 
 
+def test_replay_config_rejects_unknown_arrival_ordering():
+    from replayssm.kernels.mamba2.triton_decode import make_replay_config
+
+    with pytest.raises(ValueError, match="advance_sem must be"):
+        make_replay_config(4, 16, 16, 2, 3, BLOCK_P=16, HC=1, advance_sem="seq_cst")
+
+
 def test_tolerance_catches_tf32_sized_drift():
     """A 1e-2 relative error (plain tf32 drift) must fail the fp32 tolerance used above."""
     torch.manual_seed(0)
