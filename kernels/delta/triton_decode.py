@@ -93,10 +93,9 @@ SMALL_BATCH_MAX = 4
 
 
 @triton.jit
-def _store_next_cursor(cn_ptr, b, c, L):
-    """The row's cursor after this step, ``(c + 1) % L`` (idle rows, ``c < 0``, keep theirs),
-    into the next-cursor scratch (Bt,) int32."""
-    tl.store(cn_ptr + b, tl.where(c >= 0, (c + 1) % L, c))
+def _advanced(c, L):
+    """The cursor after this step: ``(c + 1) % L``; idle rows (``c < 0``) keep theirs."""
+    return tl.where(c >= 0, (c + 1) % L, c)
 
 
 @triton.jit
@@ -202,7 +201,7 @@ def _delta_coef_kernel(
     c = tl.load(cur_ptr + b * sc_b)
     if NEXT_CURSOR:
         if h == 0:
-            _store_next_cursor(cn_ptr, b, c, L)
+            tl.store(cn_ptr + b, _advanced(c, L))
     q_base = q_ptr + b * sq_b + hk * sq_h
     k_base = k_ptr + b * sk_b + hk * sk_h
     g_base = g_ptr + b * sg_b + h * sg_h
@@ -258,7 +257,7 @@ def _gdn_coef_kernel(
     c = tl.load(cur_ptr + b * sc_b)
     if NEXT_CURSOR:
         if hk == 0:
-            _store_next_cursor(cn_ptr, b, c, L)
+            tl.store(cn_ptr + b, _advanced(c, L))
     offs_l = tl.arange(0, LP)
     ml = offs_l < c
     inl = ml if RING_BY_CURSOR else offs_l < L
@@ -614,7 +613,7 @@ def _advance_cursor_kernel(cur_ptr, sc_b, Bt, L, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < Bt
     c = tl.load(cur_ptr + offs * sc_b, mask=m, other=-1)
-    tl.store(cur_ptr + offs * sc_b, tl.where(c >= 0, (c + 1) % L, c), mask=m)
+    tl.store(cur_ptr + offs * sc_b, _advanced(c, L), mask=m)
 
 
 def advance_cursor_triton(cursor: torch.Tensor, L: int) -> None:

@@ -124,16 +124,16 @@ CASES = [
     ("gdn-gva-L4-flush-prefetch-2vblocks", 2, 4, 20, 24, 4, False, dict(flush_prefetch=True, flush_block_v=16)),
     ("kda-L3-flush-prefetch-ktiles-3vblocks", 2, 2, 40, 40, 3, True, dict(flush_prefetch=True, flush_output=False,
                                                                           block_k=16, flush_block_v=16)),
-    # the coefficient launch writing the advanced cursors, which the flush launch copies back (no cursor launch)
-    ("gdn-gva-L4-advance-in-flush", 2, 4, 20, 24, 4, False, dict(advance_in_flush=True)),
+    # the cursor advance in a launch of its own, or (the default) written by the coefficient launch to a scratch
+    # that the flush launch copies back
     ("gdn-gva-L4-cursor-launch", 2, 4, 20, 24, 4, False, dict(advance_in_flush=False)),
-    ("gdn-L3-flush-dependent-launch-asked", 1, 2, 20, 24, 3, False, dict(flush_dependent_launch=True)),
     ("gdn-L1-advance-in-flush-coef-per-value-head", 2, 4, 20, 24, 1, False, dict(advance_in_flush=True,
                                                                                   coef_per_key_head=False)),
     ("kda-L4-advance-in-flush-no-flush-output", 2, 2, 20, 24, 4, True, dict(advance_in_flush=True,
                                                                              flush_output=False, flush_programs=2)),
     # dependent launches need a CUDA device: asked for under the interpreter, the launches run one after another
     ("kda-L4-dependent-launch-asked", 2, 2, 20, 24, 4, True, dict(dependent_launch=True)),
+    ("gdn-L3-flush-dependent-launch-asked", 1, 2, 20, 24, 3, False, dict(flush_dependent_launch=True)),
 ]
 
 

@@ -139,9 +139,7 @@ VARIANTS = {"bv32": dict(block_v=32, num_warps=4), "bv128-w8": dict(block_v=128,
                                                            flush_output=False),
             "advance-in-flush-no-flush-output": dict(advance_in_flush=True, flush_output=False),
             "advance-in-flush-dependent-launch": dict(advance_in_flush=True, dependent_launch=True),
-            "keys-scaled-in-output": dict(coef_per_key_head=True, coef_write_x=False),
-            "advance-in-flush-keys-scaled-in-output": dict(advance_in_flush=True, coef_per_key_head=True,
-                                                           coef_write_x=False)}
+            "keys-scaled-in-output": dict(coef_per_key_head=True, coef_write_x=False)}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
