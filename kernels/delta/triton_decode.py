@@ -539,10 +539,7 @@ def _delta_flush_kernel(
         gb_base = gb_ptr + b * sgb_b + h * sgb_h
         g_base = g_ptr + b * sg_b + h * sg_h
         if not KDA:
-            gh = tl.load(gb_base + offs_l * sgb_l, mask=ml, other=0.0).to(tl.float32)
-            gtot = tl.sum(gh, axis=0) + tl.load(g_base).to(tl.float32)
-            wl = tl.where(ml, tl.exp(gtot - tl.cumsum(gh, axis=0)), 0.0)  # (LP,) decay weights
-            dsc = tl.exp(gtot)
+            wl, dsc = _gdn_decay_window(gb_base, sgb_l, g_base, offs_l, ml, ml)  # (LP,) decay weights, exp(G_c)
         for i_k in range(NK):
             offs_k = i_k * BK + tl.arange(0, BK)
             mk = offs_k < K
