@@ -102,6 +102,39 @@ def test_replay_split_and_kernel_advance_variants():
         check_replay_trajectory(variant(None, None, early), prob, steps=7)
 
 
+@pytest.mark.parametrize("L,BLOCK_P,HC,N,BLOCK_NF,early", [
+    (3, 4, 1, 40, 16, False),   # 4-lane blocks, state dim in three flush tiles
+    (4, 8, 2, 16, 16, True),    # two heads per program, early loads
+    (1, 16, 1, 16, 16, True),   # every step flushes: the window is the current token alone
+])
+def test_replay_flush_fma_variant(L, BLOCK_P, HC, N, BLOCK_NF, early):
+    """The flush route with rank-1 fp32 updates (``flush_fma``, any BLOCK_P) matches the reference."""
+    from replayssm.kernels.mamba2.triton_decode import launch_mamba2_replay_decode, make_replay_config
+
+    cfg = make_replay_config(4, 16, N, 2, L, BLOCK_P=BLOCK_P, HC=HC, BLOCK_N=16 if N > 16 else None,
+                             BLOCK_NF=BLOCK_NF, early_load=early, flush_fma=True)
+
+    def fn(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None, sp=True, out=None):
+        launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, sp, out,
+                                    False, config=cfg)
+        return out
+
+    cursors = [L - 1, 0, -1] if L > 1 else [0, -1, 0]
+    prob = Problem(3, 4, 16, N, 2, L, torch.float32, torch.float32, DEV, cursors, seed=21 + L, has_z=True,
+                   has_D=True, has_bias=True)
+    worst = check_replay_trajectory(fn, prob, steps=2 * L + 1)
+    assert worst["flushes"] >= 2
+    assert worst["y_exact"] < 1e-4 and worst["state_exact"] < 1e-4, worst
+
+
+def test_replay_config_needs_16_lanes_for_the_dot_flush():
+    from replayssm.kernels.mamba2.triton_decode import make_replay_config
+
+    with pytest.raises(ValueError, match="BLOCK_P >= 16"):
+        make_replay_config(4, 16, 16, 2, 3, BLOCK_P=8, HC=1)
+    assert make_replay_config(4, 16, 16, 2, 3, BLOCK_P=8, HC=1, flush_fma=True)["flush_fma"]
+
+
 def test_replay_config_rejects_unknown_arrival_ordering():
     from replayssm.kernels.mamba2.triton_decode import make_replay_config
 
