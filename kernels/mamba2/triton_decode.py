@@ -15,7 +15,9 @@ reads the row's cursor ``c`` on the device and takes one of two routes:
   ``tf32x3`` for fp32 operands, the 16-bit type when checkpoint and buffers are 16-bit), in
   ``BLOCK_NF``-column tiles walked as one loop over (head, tile) pairs that loads the next
   pair before computing the current one; stored as the new checkpoint in the state dtype,
-  ``y`` is read from the fp32 ``S``.
+  ``y`` is read from the fp32 ``S``. With ``flush_fma`` (the default up to batch 4 with an fp32
+  checkpoint and L <= 16) the window update is one rank-1 fp32 update per slot instead
+  (``_flush_heads_fma``): no ``tl.dot``, so any ``BLOCK_P`` and fewer registers.
 
 Both routes append the current ``(x, dt, B)`` at slot ``c``: ``x`` by every program for its
 own lanes, ``dt`` by the program of lane block 0 of each head, ``B`` by one program per
@@ -701,7 +703,7 @@ def replay_config(Bt: int, H: int, P: int, N: int, G: int, L: int, state_bytes: 
     HPG = H // G
     BLOCK_N = max(16, min(_pow2(N), 256)) if N <= 256 else 128
     # 32 lanes x 128 state columns per tile (16 KB at fp32): best on the H200 at batch 256.
-    # Up to batch 4, 16 lanes with 2 warps (H200, batch 1, L=16: Nano-4B fp32 5.2 vs 7.4 µs
+    # Up to batch 4, 16 lanes (H200, batch 1, L=16, 2 warps: Nano-4B fp32 5.2 vs 7.4 µs
     # with 32 lanes and 4 warps, its P=80 wastes lanes in 32-lane blocks; Super and
     # Mamba2-2.7B within 1-3%).
     small = Bt <= 4
@@ -731,9 +733,10 @@ def replay_config(Bt: int, H: int, P: int, N: int, G: int, L: int, state_bytes: 
     # updates instead of a tl.dot, which no longer spills with one warp; one warp per program,
     # or 4 when the grid fits one wave of 4-warp programs (three per multiprocessor by
     # registers). H200, batch 1, L=16, whole cycle, same run, against 2 warps and the dot:
-    # Super 1.03x, Nano-4B 1.02x, Mamba2-2.7B (320 programs, 4 warps) 1.06x;
-    # results/mamba2_batch1_h200_2026-12-01.md.
-    flush_fma = small and not lowp
+    # Super 1.03x, Nano-4B 1.02x, Mamba2-2.7B (320 programs, 4 warps) 1.06x; batch 4 1.18-1.31x;
+    # results/mamba2_batch1_h200_2026-12-01.md. Not for windows over 16 slots (L = 32: its
+    # 32-column tiles each walk 31 slots; batch 1 Super 7.0 against 5.8 µs with the dot).
+    flush_fma = small and not lowp and BLOCK_L <= 16
     if flush_fma:
         warps = 4 if Bt * G * triton.cdiv(HPG, HC) * n_pb <= 3 * n_sm else 1
     return make_replay_config(H, P, N, G, L, BLOCK_P, HC, BLOCK_N, BLOCK_NF, num_warps=warps, num_stages=stages,

@@ -135,6 +135,22 @@ def test_replay_config_needs_16_lanes_for_the_dot_flush():
     assert make_replay_config(4, 16, 16, 2, 3, BLOCK_P=8, HC=1, flush_fma=True)["flush_fma"]
 
 
+def test_default_config_takes_the_rank1_flush_route_only_where_measured_faster():
+    """Up to batch 4, fp32 checkpoint, L <= 16: rank-1 flush route with 1 warp, or 4 when the grid
+    fits one wave of 4-warp programs; the tl.dot route everywhere else."""
+    from replayssm.kernels.mamba2.triton_decode import replay_config
+
+    super_, m27 = (128, 64, 128, 8), (80, 64, 128, 1)
+    c = replay_config(1, *super_, 16, 4, 2, 132)
+    assert c["flush_fma"] and c["num_warps"] == 1
+    c = replay_config(1, *m27, 8, 4, 2, 132)  # 320 programs <= 3 x 132
+    assert c["flush_fma"] and c["num_warps"] == 4
+    for args in ((8, *super_, 16, 4, 2), (1, *super_, 32, 4, 2), (1, *super_, 16, 2, 2), (4, *m27, 16, 2, 2)):
+        c = replay_config(*args, 132)
+        assert not c["flush_fma"], args
+        assert c["num_warps"] == (1 if args[-2] == 2 else 2), args
+
+
 def test_replay_config_rejects_unknown_arrival_ordering():
     from replayssm.kernels.mamba2.triton_decode import make_replay_config
 
