@@ -17,7 +17,7 @@ reads the row's cursor ``c`` on the device and takes one of two routes:
   pair before computing the current one; stored as the new checkpoint in the state dtype,
   ``y`` is read from the fp32 ``S``. With ``flush_fma`` (the default up to batch 4 with an fp32
   checkpoint and L <= 16) the window update is one rank-1 fp32 update per slot instead
-  (``_flush_heads_fma``): no ``tl.dot``, so any ``BLOCK_P`` and fewer registers.
+  (``_flush_heads`` with ``FMA``): no ``tl.dot``, so any ``BLOCK_P`` and fewer registers.
 
 Both routes append the current ``(x, dt, B)`` at slot ``c``: ``x`` by every program for its
 own lanes, ``dt`` by the program of lane block 0 of each head, ``B`` by one program per
@@ -144,7 +144,7 @@ def _append_B(B_row, sB_n, Bb_row, sBb_l, sBb_n, Bbuf_ptr, c, N, BLOCK_N: tl.con
 def _flush_heads(
     b, g, h0, nh, pb, c,
     x_ptr, dt_ptr, B_ptr, C_ptr, state_ptr, xbuf_ptr, dtbuf_ptr, Bbuf_ptr, A_ptr, dtbias_ptr, D_ptr, z_ptr, out_ptr,
-    P, N,
+    P, N, L,
     sx_b, sx_h, sx_p,
     sdt_b, sdt_h,
     sB_b, sB_g, sB_n,
@@ -159,7 +159,7 @@ def _flush_heads(
     HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     DOT_LOWP: tl.constexpr, DOT_PREC: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_NF: tl.constexpr, BLOCK_L: tl.constexpr,
-    s_e, bw_e, bc_e, cv_e, xw_e, dtw_e, xc_e, dr_e, FROM_EARLY: tl.constexpr,
+    s_e, bw_e, bc_e, cv_e, xw_e, dtw_e, xc_e, dr_e, FROM_EARLY: tl.constexpr, FMA: tl.constexpr,
 ):
     """State-and-output route for heads ``h0 .. h0 + nh - 1`` of row ``b`` (group ``g``),
     head-dim lanes of block ``pb``, at cursor ``c``: builds ``S = abar S0 + X^T diag(w) B``
@@ -168,170 +168,146 @@ def _flush_heads(
     ``x`` (and ``dt`` from lane block 0) at slot ``c``. FROM_EARLY (early loads, and one flush
     tile spans the state dim: ``BLOCK_NF == BLOCK_N >= N``): the first head's tiles are the ones the caller loaded before the cursor was known
     (``s_e`` .. ``dr_e``, window loads bounded by L: slot ``c = L - 1`` is replaced by the
-    current token below, slots past L are zeros), instead of loading them again."""
+    current token below, slots past L are zeros), instead of loading them again.
+
+    FMA: the window update as rank-1 fp32 updates, one per window slot, instead of the
+    ``tl.dot`` (same results and appends): any ``BLOCK_P`` (the dot needs 16 or more), fp32
+    products for every operand dtype, no operand layout changes, fewer registers; the early
+    tiles are not used. The flush window is every slot (``c = L - 1``), so the weights are
+    built walking the slots from ``L - 2`` down to 0 with a running sum of the later dt's:
+    ``w_j = dt_j exp(A sum_{r>j} dt_r)``, ``abar = exp(A sum_r dt_r)``."""
     offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
     mask_p = offs_p < P
     (offs_l, valid_l, cur_l, xb_row, Bb_row, B_row, C_row, x_row, st_row, db_row, dt_row, z_row, o_row, x_rel,
      mx) = _row_pointers(b, g, c, offs_p, mask_p, x_ptr, dt_ptr, B_ptr, C_ptr, state_ptr, xbuf_ptr, dtbuf_ptr,
                          Bbuf_ptr, z_ptr, out_ptr, sx_b, sdt_b, sB_b, sB_g, sC_b, sC_g, ss_b, sxb_b, sxb_l, sxb_p,
                          sdb_b, sBb_b, sBb_g, sz_b, so_b, BLOCK_L)
-    # ---------------- state-and-output route (flush) ----------------
-    # One loop over (head, state-dim tile) pairs; every load of the next pair (its
-    # checkpoint tile, and the head's buffer window when the head changes) is issued
-    # before the current pair is computed, so the tile loads overlap the tl.dot work.
-    offs_nf = tl.arange(0, BLOCK_NF)
-    NT = tl.cdiv(N, BLOCK_NF)
-    total = nh * NT
-    s_rel = offs_p[:, None] * ss_p + offs_nf[None, :] * ss_n
-    b_rel = offs_l[:, None] * sBb_l + offs_nf[None, :] * sBb_n
-    mb = valid_l[:, None]
-    h = h0
-    mn = offs_nf < N
-    if FROM_EARLY:
-        s_t = s_e
-        bw_t = bw_e
-        bc_t = bc_e
-        cv_t = cv_e
-        xw_t = xw_e
-        dtw_t = dtw_e
-        xc_t = xc_e
-        dr_t = dr_e
-    else:
-        s_t = tl.load(st_row + h * ss_h + s_rel, mask=mask_p[:, None] & mn[None, :], other=0.0)
-        bw_t = tl.load(Bb_row + b_rel, mask=mb & mn[None, :], other=0.0)
-        bc_t = tl.load(B_row + offs_nf * sB_n, mask=mn, other=0.0)
-        cv_t = tl.load(C_row + offs_nf * sC_n, mask=mn, other=0.0)
-        xw_t = tl.load(xb_row + h * sxb_h + x_rel, mask=mx, other=0.0)
-        dtw_t = tl.load(db_row + h * sdb_h + offs_l * sdb_l, mask=valid_l, other=0.0)
-        xc_t = tl.load(x_row + h * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
-        dr_t = tl.load(dt_row + h * sdt_h)
-    acc_y = tl.zeros([BLOCK_P], dtype=tl.float32)
-    for t in range(0, total):
-        i = t // NT
-        k = t - i * NT
-        h = h0 + i
-        nn = k * BLOCK_NF + offs_nf
-        mn = nn < N
-        # next pair's loads (masked off past the end)
-        t1 = t + 1
-        i1 = t1 // NT
-        h1 = h0 + i1
-        nn1 = (t1 - i1 * NT) * BLOCK_NF + offs_nf
-        okp = (tl.zeros([BLOCK_P], dtype=tl.int32) + t1) < total
-        okl = (tl.zeros([BLOCK_L], dtype=tl.int32) + t1) < total
-        okn = (tl.zeros([BLOCK_NF], dtype=tl.int32) + t1) < total
-        mn1 = (nn1 < N) & okn
-        s_n = tl.load(st_row + h1 * ss_h + offs_p[:, None] * ss_p + nn1[None, :] * ss_n,
-                      mask=(mask_p & okp)[:, None] & mn1[None, :], other=0.0)
-        bw_n = tl.load(Bb_row + offs_l[:, None] * sBb_l + nn1[None, :] * sBb_n, mask=mb & mn1[None, :],
-                       other=0.0)
-        bc_n = tl.load(B_row + nn1 * sB_n, mask=mn1, other=0.0)
-        cv_n = tl.load(C_row + nn1 * sC_n, mask=mn1, other=0.0)
-        xw_n = tl.load(xb_row + h1 * sxb_h + x_rel, mask=mx & okp[None, :], other=0.0)
-        dtw_n = tl.load(db_row + h1 * sdb_h + offs_l * sdb_l, mask=valid_l & okl, other=0.0)
-        xc_n = tl.load(x_row + h1 * sx_h + offs_p * sx_p, mask=mask_p & okp, other=0.0)
-        dr_n = tl.load(dt_row + h1 * sdt_h, mask=t1 < total, other=0.0)
-
-        a_h = tl.load(A_ptr + h * sA).to(tl.float32)
-        d = _process_dt(dr_t, dtbias_ptr, h, sdtb, HAS_DT_BIAS, DT_SOFTPLUS)
-        w, abar = _window_weights(dtw_t, d, cur_l, a_h)
-        xcb = xc_t.to(xbuf_ptr.dtype.element_ty)
-        xw = tl.where(cur_l[:, None], xcb[None, :], xw_t)  # (BLOCK_L, BLOCK_P), buffer dtype
-        bw = tl.where(cur_l[:, None], bc_t.to(Bbuf_ptr.dtype.element_ty)[None, :], bw_t).to(tl.float32)
-        wb = w[:, None] * bw  # (BLOCK_L, BLOCK_NF)
-        if DOT_LOWP:
-            upd = tl.dot(tl.trans(xw), wb.to(xbuf_ptr.dtype.element_ty), out_dtype=tl.float32)
-        else:
-            upd = tl.dot(tl.trans(xw.to(tl.float32)), wb, input_precision=DOT_PREC, out_dtype=tl.float32)
-        s_new = abar * s_t.to(tl.float32) + upd
-        tl.store(st_row + h * ss_h + offs_p[:, None] * ss_p + nn[None, :] * ss_n,
-                 s_new.to(state_ptr.dtype.element_ty), mask=mask_p[:, None] & mn[None, :])
-        acc_y += tl.sum(s_new * cv_t.to(tl.float32)[None, :], 1)
-        if k == NT - 1:  # the head's last tile: output and appends
-            _head_output_and_append(acc_y, h, c, pb, xc_t, xcb, d, offs_p, mask_p, D_ptr, sD, z_row, sz_h, sz_p,
+    if FMA:
+        offs_nf = tl.arange(0, BLOCK_NF)
+        for i in range(0, nh):
+            h = h0 + i
+            a_h = tl.load(A_ptr + h * sA).to(tl.float32)
+            d = _process_dt(tl.load(dt_row + h * sdt_h), dtbias_ptr, h, sdtb, HAS_DT_BIAS, DT_SOFTPLUS)
+            xc = tl.load(x_row + h * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
+            xcb = xc.to(xbuf_ptr.dtype.element_ty)
+            wx_c = d * xcb.to(tl.float32)  # the current token: weight dt_c, no decay
+            acc_y = tl.zeros([BLOCK_P], dtype=tl.float32)
+            for n0 in range(0, N, BLOCK_NF):
+                nn = n0 + offs_nf
+                mn = nn < N
+                m2 = mask_p[:, None] & mn[None, :]
+                s_ptrs = st_row + h * ss_h + offs_p[:, None] * ss_p + nn[None, :] * ss_n
+                s0 = tl.load(s_ptrs, mask=m2, other=0.0).to(tl.float32)
+                cv = tl.load(C_row + nn * sC_n, mask=mn, other=0.0).to(tl.float32)
+                bcur = tl.load(B_row + nn * sB_n, mask=mn, other=0.0).to(Bbuf_ptr.dtype.element_ty).to(tl.float32)
+                upd = wx_c[:, None] * bcur[None, :]
+                later = d  # sum of the dt's of the slots after j
+                for jj in tl.static_range(BLOCK_L - 1):
+                    j = BLOCK_L - 2 - jj
+                    # a buffered slot? (slots past the window read nothing and weigh 0; vector masks:
+                    # the interpreter mis-types bool & 0-d bool)
+                    ok = (tl.zeros([], dtype=tl.int32) + j) < L - 1
+                    okp = (tl.zeros([BLOCK_P], dtype=tl.int32) + j) < L - 1
+                    okn = (tl.zeros([BLOCK_NF], dtype=tl.int32) + j) < L - 1
+                    dj = tl.load(db_row + h * sdb_h + j * sdb_l, mask=ok, other=0.0).to(tl.float32)
+                    xj = tl.load(xb_row + h * sxb_h + j * sxb_l + offs_p * sxb_p, mask=mask_p & okp, other=0.0)
+                    bj = tl.load(Bb_row + j * sBb_l + nn * sBb_n, mask=mn & okn, other=0.0)
+                    wj = dj * tl.exp(tl.minimum(a_h * later, 0.0))
+                    upd += (wj * xj.to(tl.float32))[:, None] * bj.to(tl.float32)[None, :]
+                    later += dj
+                abar = tl.exp(tl.minimum(a_h * later, 0.0))
+                s_new = abar * s0 + upd
+                tl.store(s_ptrs, s_new.to(state_ptr.dtype.element_ty), mask=m2)
+                acc_y += tl.sum(s_new * cv[None, :], 1)
+            _head_output_and_append(acc_y, h, c, pb, xc, xcb, d, offs_p, mask_p, D_ptr, sD, z_row, sz_h, sz_p,
                                     o_row, so_h, so_p, out_ptr, xb_row, sxb_h, sxb_l, sxb_p, db_row, sdb_h, sdb_l,
                                     dtbuf_ptr, HAS_D, HAS_Z)
-        acc_y = tl.where((tl.zeros([BLOCK_P], dtype=tl.int32) + k) == NT - 1, 0.0, acc_y)
-        s_t = s_n
-        bw_t = bw_n
-        bc_t = bc_n
-        cv_t = cv_n
-        xw_t = xw_n
-        dtw_t = dtw_n
-        xc_t = xc_n
-        dr_t = dr_n
-
-
-@triton.jit
-def _flush_heads_fma(
-    b, g, h0, nh, pb, c,
-    x_ptr, dt_ptr, B_ptr, C_ptr, state_ptr, xbuf_ptr, dtbuf_ptr, Bbuf_ptr, A_ptr, dtbias_ptr, D_ptr, z_ptr, out_ptr,
-    P, N, L,
-    sx_b, sx_h, sx_p,
-    sdt_b, sdt_h,
-    sB_b, sB_g, sB_n,
-    sC_b, sC_g, sC_n,
-    ss_b, ss_h, ss_p, ss_n,
-    sxb_b, sxb_h, sxb_l, sxb_p,
-    sdb_b, sdb_h, sdb_l,
-    sBb_b, sBb_g, sBb_l, sBb_n,
-    sA, sdtb, sD,
-    sz_b, sz_h, sz_p,
-    so_b, so_h, so_p,
-    HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_NF: tl.constexpr, BLOCK_L: tl.constexpr,
-):
-    """State-and-output route of ``_flush_heads`` (same results, same appends) with the window
-    update ``X^T diag(w) B`` as rank-1 fp32 updates, one per window slot, instead of a
-    ``tl.dot``: any ``BLOCK_P`` (the dot needs 16 or more), fp32 products for every operand
-    dtype, no operand layout changes. The flush window is every slot (``c = L - 1``), so the
-    weights are built walking the slots from ``L - 2`` down to 0 with a running sum of the
-    later dt's: ``w_j = dt_j exp(A sum_{r>j} dt_r)``, ``abar = exp(A sum_r dt_r)``."""
-    offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
-    mask_p = offs_p < P
-    (offs_l, valid_l, cur_l, xb_row, Bb_row, B_row, C_row, x_row, st_row, db_row, dt_row, z_row, o_row, x_rel,
-     mx) = _row_pointers(b, g, c, offs_p, mask_p, x_ptr, dt_ptr, B_ptr, C_ptr, state_ptr, xbuf_ptr, dtbuf_ptr,
-                         Bbuf_ptr, z_ptr, out_ptr, sx_b, sdt_b, sB_b, sB_g, sC_b, sC_g, ss_b, sxb_b, sxb_l, sxb_p,
-                         sdb_b, sBb_b, sBb_g, sz_b, so_b, BLOCK_L)
-    offs_nf = tl.arange(0, BLOCK_NF)
-    for i in range(0, nh):
-        h = h0 + i
-        a_h = tl.load(A_ptr + h * sA).to(tl.float32)
-        d = _process_dt(tl.load(dt_row + h * sdt_h), dtbias_ptr, h, sdtb, HAS_DT_BIAS, DT_SOFTPLUS)
-        xc = tl.load(x_row + h * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
-        xcb = xc.to(xbuf_ptr.dtype.element_ty)
-        wx_c = d * xcb.to(tl.float32)  # the current token: weight dt_c, no decay
+    else:
+        # ---------------- state-and-output route (flush) ----------------
+        # One loop over (head, state-dim tile) pairs; every load of the next pair (its
+        # checkpoint tile, and the head's buffer window when the head changes) is issued
+        # before the current pair is computed, so the tile loads overlap the tl.dot work.
+        offs_nf = tl.arange(0, BLOCK_NF)
+        NT = tl.cdiv(N, BLOCK_NF)
+        total = nh * NT
+        s_rel = offs_p[:, None] * ss_p + offs_nf[None, :] * ss_n
+        b_rel = offs_l[:, None] * sBb_l + offs_nf[None, :] * sBb_n
+        mb = valid_l[:, None]
+        h = h0
+        mn = offs_nf < N
+        if FROM_EARLY:
+            s_t = s_e
+            bw_t = bw_e
+            bc_t = bc_e
+            cv_t = cv_e
+            xw_t = xw_e
+            dtw_t = dtw_e
+            xc_t = xc_e
+            dr_t = dr_e
+        else:
+            s_t = tl.load(st_row + h * ss_h + s_rel, mask=mask_p[:, None] & mn[None, :], other=0.0)
+            bw_t = tl.load(Bb_row + b_rel, mask=mb & mn[None, :], other=0.0)
+            bc_t = tl.load(B_row + offs_nf * sB_n, mask=mn, other=0.0)
+            cv_t = tl.load(C_row + offs_nf * sC_n, mask=mn, other=0.0)
+            xw_t = tl.load(xb_row + h * sxb_h + x_rel, mask=mx, other=0.0)
+            dtw_t = tl.load(db_row + h * sdb_h + offs_l * sdb_l, mask=valid_l, other=0.0)
+            xc_t = tl.load(x_row + h * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
+            dr_t = tl.load(dt_row + h * sdt_h)
         acc_y = tl.zeros([BLOCK_P], dtype=tl.float32)
-        for n0 in range(0, N, BLOCK_NF):
-            nn = n0 + offs_nf
+        for t in range(0, total):
+            i = t // NT
+            k = t - i * NT
+            h = h0 + i
+            nn = k * BLOCK_NF + offs_nf
             mn = nn < N
-            m2 = mask_p[:, None] & mn[None, :]
-            s_ptrs = st_row + h * ss_h + offs_p[:, None] * ss_p + nn[None, :] * ss_n
-            s0 = tl.load(s_ptrs, mask=m2, other=0.0).to(tl.float32)
-            cv = tl.load(C_row + nn * sC_n, mask=mn, other=0.0).to(tl.float32)
-            bcur = tl.load(B_row + nn * sB_n, mask=mn, other=0.0).to(Bbuf_ptr.dtype.element_ty).to(tl.float32)
-            upd = wx_c[:, None] * bcur[None, :]
-            later = d  # sum of the dt's of the slots after j
-            for jj in tl.static_range(BLOCK_L - 1):
-                j = BLOCK_L - 2 - jj
-                # a buffered slot? (slots past the window read nothing and weigh 0; vector masks:
-                # the interpreter mis-types bool & 0-d bool)
-                ok = (tl.zeros([], dtype=tl.int32) + j) < L - 1
-                okp = (tl.zeros([BLOCK_P], dtype=tl.int32) + j) < L - 1
-                okn = (tl.zeros([BLOCK_NF], dtype=tl.int32) + j) < L - 1
-                dj = tl.load(db_row + h * sdb_h + j * sdb_l, mask=ok, other=0.0).to(tl.float32)
-                xj = tl.load(xb_row + h * sxb_h + j * sxb_l + offs_p * sxb_p, mask=mask_p & okp, other=0.0)
-                bj = tl.load(Bb_row + j * sBb_l + nn * sBb_n, mask=mn & okn, other=0.0)
-                wj = dj * tl.exp(tl.minimum(a_h * later, 0.0))
-                upd += (wj * xj.to(tl.float32))[:, None] * bj.to(tl.float32)[None, :]
-                later += dj
-            abar = tl.exp(tl.minimum(a_h * later, 0.0))
-            s_new = abar * s0 + upd
-            tl.store(s_ptrs, s_new.to(state_ptr.dtype.element_ty), mask=m2)
-            acc_y += tl.sum(s_new * cv[None, :], 1)
-        _head_output_and_append(acc_y, h, c, pb, xc, xcb, d, offs_p, mask_p, D_ptr, sD, z_row, sz_h, sz_p,
-                                o_row, so_h, so_p, out_ptr, xb_row, sxb_h, sxb_l, sxb_p, db_row, sdb_h, sdb_l,
-                                dtbuf_ptr, HAS_D, HAS_Z)
+            # next pair's loads (masked off past the end)
+            t1 = t + 1
+            i1 = t1 // NT
+            h1 = h0 + i1
+            nn1 = (t1 - i1 * NT) * BLOCK_NF + offs_nf
+            okp = (tl.zeros([BLOCK_P], dtype=tl.int32) + t1) < total
+            okl = (tl.zeros([BLOCK_L], dtype=tl.int32) + t1) < total
+            okn = (tl.zeros([BLOCK_NF], dtype=tl.int32) + t1) < total
+            mn1 = (nn1 < N) & okn
+            s_n = tl.load(st_row + h1 * ss_h + offs_p[:, None] * ss_p + nn1[None, :] * ss_n,
+                          mask=(mask_p & okp)[:, None] & mn1[None, :], other=0.0)
+            bw_n = tl.load(Bb_row + offs_l[:, None] * sBb_l + nn1[None, :] * sBb_n, mask=mb & mn1[None, :],
+                           other=0.0)
+            bc_n = tl.load(B_row + nn1 * sB_n, mask=mn1, other=0.0)
+            cv_n = tl.load(C_row + nn1 * sC_n, mask=mn1, other=0.0)
+            xw_n = tl.load(xb_row + h1 * sxb_h + x_rel, mask=mx & okp[None, :], other=0.0)
+            dtw_n = tl.load(db_row + h1 * sdb_h + offs_l * sdb_l, mask=valid_l & okl, other=0.0)
+            xc_n = tl.load(x_row + h1 * sx_h + offs_p * sx_p, mask=mask_p & okp, other=0.0)
+            dr_n = tl.load(dt_row + h1 * sdt_h, mask=t1 < total, other=0.0)
+
+            a_h = tl.load(A_ptr + h * sA).to(tl.float32)
+            d = _process_dt(dr_t, dtbias_ptr, h, sdtb, HAS_DT_BIAS, DT_SOFTPLUS)
+            w, abar = _window_weights(dtw_t, d, cur_l, a_h)
+            xcb = xc_t.to(xbuf_ptr.dtype.element_ty)
+            xw = tl.where(cur_l[:, None], xcb[None, :], xw_t)  # (BLOCK_L, BLOCK_P), buffer dtype
+            bw = tl.where(cur_l[:, None], bc_t.to(Bbuf_ptr.dtype.element_ty)[None, :], bw_t).to(tl.float32)
+            wb = w[:, None] * bw  # (BLOCK_L, BLOCK_NF)
+            if DOT_LOWP:
+                upd = tl.dot(tl.trans(xw), wb.to(xbuf_ptr.dtype.element_ty), out_dtype=tl.float32)
+            else:
+                upd = tl.dot(tl.trans(xw.to(tl.float32)), wb, input_precision=DOT_PREC, out_dtype=tl.float32)
+            s_new = abar * s_t.to(tl.float32) + upd
+            tl.store(st_row + h * ss_h + offs_p[:, None] * ss_p + nn[None, :] * ss_n,
+                     s_new.to(state_ptr.dtype.element_ty), mask=mask_p[:, None] & mn[None, :])
+            acc_y += tl.sum(s_new * cv_t.to(tl.float32)[None, :], 1)
+            if k == NT - 1:  # the head's last tile: output and appends
+                _head_output_and_append(acc_y, h, c, pb, xc_t, xcb, d, offs_p, mask_p, D_ptr, sD, z_row, sz_h, sz_p,
+                                        o_row, so_h, so_p, out_ptr, xb_row, sxb_h, sxb_l, sxb_p, db_row, sdb_h, sdb_l,
+                                        dtbuf_ptr, HAS_D, HAS_Z)
+            acc_y = tl.where((tl.zeros([BLOCK_P], dtype=tl.int32) + k) == NT - 1, 0.0, acc_y)
+            s_t = s_n
+            bw_t = bw_n
+            bc_t = bc_n
+            cv_t = cv_n
+            xw_t = xw_n
+            dtw_t = dtw_n
+            xc_t = xc_n
+            dr_t = dr_n
 
 
 @triton.jit
@@ -435,27 +411,18 @@ def _mamba2_replay_kernel(
         else:
             run_flush = False
 
-        if run_flush and FLUSH_FMA:
-            _flush_heads_fma(
+        if run_flush:
+            _flush_heads(
                 b, g, h0, nh, pb, c,
                 x_ptr, dt_ptr, B_ptr, C_ptr, state_ptr, xbuf_ptr, dtbuf_ptr, Bbuf_ptr, A_ptr, dtbias_ptr, D_ptr,
                 z_ptr, out_ptr, P, N, L,
                 sx_b, sx_h, sx_p, sdt_b, sdt_h, sB_b, sB_g, sB_n, sC_b, sC_g, sC_n, ss_b, ss_h, ss_p, ss_n,
                 sxb_b, sxb_h, sxb_l, sxb_p, sdb_b, sdb_h, sdb_l, sBb_b, sBb_g, sBb_l, sBb_n, sA, sdtb, sD,
                 sz_b, sz_h, sz_p, so_b, so_h, so_p,
-                HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, BLOCK_P, BLOCK_NF, BLOCK_L,
-            )
-        elif run_flush:
-            _flush_heads(
-                b, g, h0, nh, pb, c,
-                x_ptr, dt_ptr, B_ptr, C_ptr, state_ptr, xbuf_ptr, dtbuf_ptr, Bbuf_ptr, A_ptr, dtbias_ptr, D_ptr,
-                z_ptr, out_ptr, P, N,
-                sx_b, sx_h, sx_p, sdt_b, sdt_h, sB_b, sB_g, sB_n, sC_b, sC_g, sC_n, ss_b, ss_h, ss_p, ss_n,
-                sxb_b, sxb_h, sxb_l, sxb_p, sdb_b, sdb_h, sdb_l, sBb_b, sBb_g, sBb_l, sBb_n, sA, sdtb, sD,
-                sz_b, sz_h, sz_p, so_b, so_h, so_p,
                 HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DOT_LOWP, DOT_PREC, BLOCK_P, BLOCK_NF, BLOCK_L,
                 s_early, bw_early, bcur_early, cv_early, xw_early, dtw_early, xc_early, dr_early,
-                EARLY_LOAD and BLOCK_NF == BLOCK_N,  # the first head's tiles are in registers already
+                EARLY_LOAD and BLOCK_NF == BLOCK_N and not FLUSH_FMA,  # the first head's tiles are loaded
+                FLUSH_FMA,
             )
         else:
             # ---------------- output-only route ----------------
@@ -601,12 +568,12 @@ def _mamba2_flush_kernel(
         _flush_heads(
             b, g, h0, nh, pb, c,
             x_ptr, dt_ptr, B_ptr, C_ptr, state_ptr, xbuf_ptr, dtbuf_ptr, Bbuf_ptr, A_ptr, dtbias_ptr, D_ptr,
-            z_ptr, out_ptr, P, N,
+            z_ptr, out_ptr, P, N, L,
             sx_b, sx_h, sx_p, sdt_b, sdt_h, sB_b, sB_g, sB_n, sC_b, sC_g, sC_n, ss_b, ss_h, ss_p, ss_n,
             sxb_b, sxb_h, sxb_l, sxb_p, sdb_b, sdb_h, sdb_l, sBb_b, sBb_g, sBb_l, sBb_n, sA, sdtb, sD,
             sz_b, sz_h, sz_p, so_b, so_h, so_p,
             HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DOT_LOWP, DOT_PREC, BLOCK_P, BLOCK_NF, BLOCK_L,
-            0, 0, 0, 0, 0, 0, 0, 0, False,
+            0, 0, 0, 0, 0, 0, 0, 0, False, False,
         )
         if (hc == 0) & (pb == 0):  # one item per (row, group) appends B
             _append_B(B_ptr + b * sB_b + g * sB_g, sB_n, Bbuf_ptr + b * sBb_b + g * sBb_g, sBb_l, sBb_n, Bbuf_ptr, c,
@@ -656,7 +623,7 @@ def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC:
     or ``"acq_rel"``; see the module notes).
 
     ``flush_fma``: the replay kernel's flush route builds the window update from rank-1 fp32
-    updates instead of a ``tl.dot`` (``_flush_heads_fma``); ``BLOCK_P`` may then be below 16.
+    updates instead of a ``tl.dot`` (``_flush_heads`` with ``FMA``); ``BLOCK_P`` may then be below 16.
 
     ``flush``: knobs of the persistent flush launch of ``route='split'`` (``BLOCK_P``, ``HC``,
     ``BLOCK_NF``, ``num_warps``, ``num_stages``, ``programs_per_sm`` (default 4) or an absolute
