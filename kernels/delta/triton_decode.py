@@ -75,6 +75,7 @@ import triton
 import triton.language as tl
 
 from ..backend import dependent_launch_supported, num_sms, triton_interpreter_on
+from ..cursor import advance_cursor_triton, advanced_cursor
 from ..persistent import flush_row_chunks, flush_row_prefix, nth_flush_row
 from .reference import _check_shapes
 
@@ -90,12 +91,6 @@ __all__ = ["delta_replay_decode_triton", "advance_cursor_triton", "SMALL_BATCH_M
 #: it takes 0.51-0.95x the time of the four launches (Qwen3.5-4B fp32, batch 1: 5.7 vs
 #: 11.1 µs); at batch 8 it is 0.74-1.24x (slower for the KDA shape).
 SMALL_BATCH_MAX = 4
-
-
-@triton.jit
-def _advanced(c, L):
-    """The cursor after this step: ``(c + 1) % L``; idle rows (``c < 0``) keep theirs."""
-    return tl.where(c >= 0, (c + 1) % L, c)
 
 
 @triton.jit
@@ -201,7 +196,7 @@ def _delta_coef_kernel(
     c = tl.load(cur_ptr + b * sc_b)
     if NEXT_CURSOR:
         if h == 0:
-            tl.store(cn_ptr + b, _advanced(c, L))
+            tl.store(cn_ptr + b, advanced_cursor(c, L))
     q_base = q_ptr + b * sq_b + hk * sq_h
     k_base = k_ptr + b * sk_b + hk * sk_h
     g_base = g_ptr + b * sg_b + h * sg_h
@@ -257,7 +252,7 @@ def _gdn_coef_kernel(
     c = tl.load(cur_ptr + b * sc_b)
     if NEXT_CURSOR:
         if hk == 0:
-            tl.store(cn_ptr + b, _advanced(c, L))
+            tl.store(cn_ptr + b, advanced_cursor(c, L))
     offs_l = tl.arange(0, LP)
     ml = offs_l < c
     inl = ml if RING_BY_CURSOR else offs_l < L
@@ -603,23 +598,6 @@ def _delta_flush_kernel(
                 acc += kc[:, None] * uc[None, :]
                 tl.store(s_base + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v, acc.to(s_ptr.dtype.element_ty),
                          mask=m2)
-
-
-@triton.jit
-def _advance_cursor_kernel(cur_ptr, sc_b, Bt, L, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < Bt
-    c = tl.load(cur_ptr + offs * sc_b, mask=m, other=-1)
-    tl.store(cur_ptr + offs * sc_b, _advanced(c, L), mask=m)
-
-
-def advance_cursor_triton(cursor: torch.Tensor, L: int) -> None:
-    """``cursor <- (cursor + 1) % L`` where ``cursor >= 0`` (in place, one small launch)."""
-    Bt = cursor.shape[0]
-    if Bt == 0:
-        return
-    BLOCK = 256
-    _advance_cursor_kernel[(triton.cdiv(Bt, BLOCK),)](cursor, cursor.stride(0), Bt, L, BLOCK=BLOCK)
 
 
 def _switch(cfg: dict, name: str, asked: bool | None) -> bool:

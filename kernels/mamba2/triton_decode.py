@@ -60,6 +60,7 @@ import triton
 import triton.language as tl
 
 from ..backend import num_sms
+from ..cursor import advance_cursor_triton
 from ..persistent import flush_row_chunks, flush_row_prefix, nth_flush_row
 
 __all__ = ["mamba2_replay_decode_triton", "launch_mamba2_replay_decode", "make_replay_config", "replay_config"]
@@ -580,14 +581,6 @@ def _mamba2_flush_kernel(
                       N, BLOCK_N)
 
 
-@triton.jit
-def _advance_cursor_kernel(cursor_ptr, n, s_cur, L, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    c = tl.load(cursor_ptr + offs * s_cur, mask=m, other=-1)
-    tl.store(cursor_ptr + offs * s_cur, ((c + 1) % L).to(cursor_ptr.dtype.element_ty), mask=m & (c >= 0))
-
-
 # ----------------------------------------------------------------------------- host side
 
 _COUNTERS: dict = {}
@@ -797,8 +790,7 @@ def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor
     else:
         launch(cfg, 0, zero_idle, adv)
     if not adv:
-        BLK = 256
-        _advance_cursor_kernel[(triton.cdiv(Bt, BLK),)](cursor, Bt, cursor.stride(0), L, BLOCK=BLK)
+        advance_cursor_triton(cursor, L)
 
 
 def mamba2_replay_decode_triton(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None,
