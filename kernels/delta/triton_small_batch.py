@@ -1,8 +1,8 @@
 """One-launch Triton kernel of the delta-rule ReplaySSM decode step, for small batches.
 
-At batch 1-4 the four-launch step of ``triton_decode.py`` is bound by launch latency; this
+At batch 1-4 the multi-launch step of ``triton_decode.py`` is bound by launch latency; this
 kernel is the default there (``SMALL_BATCH_MAX``; H200, Qwen3.5-4B fp32, L=16, batch 1:
-5.7 µs against 11.1 µs for the four launches and 4.3 µs for the per-step kernel).
+5.7 µs against 11.1 µs for the four launches of then and 4.3 µs for the per-step kernel).
 What it computes: one program per
 (row b, value head h, block of BV value columns) holds the whole key dim (K <= 256) and,
 with ``c = cursor[b]``:

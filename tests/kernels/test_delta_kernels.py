@@ -181,7 +181,7 @@ def test_replay_kernel_matches_reference(case):
 
 def test_small_batches_default_to_one_launch(monkeypatch):
     """Batches up to SMALL_BATCH_MAX rows run the one-launch kernel unless told otherwise; the
-    four launches' knobs reach it only when it was asked for (``one_launch=True``)."""
+    separate launches' knobs reach it only when it was asked for (``one_launch=True``)."""
     import replayssm.kernels.delta.triton_small_batch as small
     from replayssm.kernels.delta.triton_decode import SMALL_BATCH_MAX
 
@@ -205,7 +205,7 @@ def test_small_batches_default_to_one_launch(monkeypatch):
         assert (calls[n] if len(calls) > n else None) == expect, (Bt, kw)
 
 
-@pytest.mark.parametrize("one_launch", [False, True], ids=["four-launches", "one-launch"])
+@pytest.mark.parametrize("one_launch", [False, True], ids=["separate-launches", "one-launch"])
 def test_replay_kernel_out_none_zeroes_idle_rows(one_launch):
     gen = torch.Generator().manual_seed(8)
     Bt, Hk, HV, K, V, L = 2, 1, 2, 16, 16, 2

@@ -187,7 +187,7 @@ def test_flush_product_exact_with_bf16_rings(shape, split, head_items):
 
 
 @pytest.mark.parametrize("knobs", [dict(one_launch=False), dict(block_k=32, one_launch=False), {}],
-                         ids=["four-launches", "ktiles", "default-one-launch"])
+                         ids=["separate-launches", "ktiles", "default-one-launch"])
 @pytest.mark.parametrize("shape", ["qwen35-4b", "kimi-kda"])
 def test_fp32_replay_equals_exact_recurrence(shape, knobs):
     """fp32 everywhere: the replay kernel tracks the ordinary recurrence to ~1e-5."""
@@ -248,11 +248,12 @@ def test_step_kernel_matches_reference(shape, dtypes):
 
 @pytest.mark.parametrize(("Bt", "launches"),
                          [(4, "defaults"), (6, "defaults"), (6, "dependent"), (6, "flush-dependent")],
-                         ids=["one-launch", "four-launches", "four-launches-dependent", "four-launches-flush-dependent"])
+                         ids=["one-launch", "separate-launches", "separate-launches-dependent",
+                              "separate-launches-flush-dependent"])
 @pytest.mark.parametrize("shape", ["qwen35-4b", "kimi-kda"])
 def test_cuda_graph_replay_equals_eager(shape, Bt, launches, monkeypatch):
     """Capture one whole L-step cycle (flushes included) and replay it twice (batch 4 runs
-    the one-launch kernel, batch 6 the launches; ``dependent``: the output launch a
+    the one-launch kernel, batch 6 the separate launches; ``dependent``: the output launch a
     programmatic dependent of the coefficient launch, ``flush-dependent``: the flush launch one
     of the output launch, whatever the defaults say)."""
     if launches != "defaults":
@@ -296,7 +297,7 @@ def test_cuda_graph_replay_equals_eager(shape, Bt, launches, monkeypatch):
         assert torch.equal(st_state, st_eager)
 
 
-@pytest.mark.parametrize("Bt", [3, 5], ids=["one-launch", "four-launches"])
+@pytest.mark.parametrize("Bt", [3, 5], ids=["one-launch", "separate-launches"])
 @pytest.mark.parametrize("shape", ["qwen35-4b", "kimi-kda"])
 def test_torch_compile_fullgraph(shape, Bt):
     Hk, HV, K, V, kda = SHAPES[shape]
