@@ -107,3 +107,24 @@ def test_bandwidth_ceilings_without_cuda_exits_with_one_line(tmp_path):
     assert proc.returncode != 0
     assert proc.stderr.strip() == "bandwidth_ceilings.py needs a CUDA device"
     assert not (tmp_path / "out").exists()
+
+
+def test_delta_one_step_smoke_run():
+    """examples/benchmarks/delta_one_step.py --smoke runs steps at a fixed cursor (a flush step too)
+    with finite outputs; a cursor outside [0, L) and unknown knobs are refused with one line, exit 2."""
+    import os
+
+    script = str(ROOT / "examples" / "benchmarks" / "delta_one_step.py")
+    env = dict(os.environ, TRITON_INTERPRET="1", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    for cursor in ("1", "3"):
+        proc = subprocess.run([sys.executable, script, "--smoke", "--cursor", cursor, "--steps", "2"],
+                              capture_output=True, text=True, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert f"2 steps at cursor {cursor}; outputs finite: True" in proc.stdout
+    for args, message in ((["--cursor", "4"], "--cursor must be in [0, L) = [0, 4), got 4"),
+                          (["--knobs", '{"no_such_knob": 1}'], "not knobs of delta_replay_decode_triton: no_such_knob"),
+                          (["--case", "smoke-kda:int8"], "checkpoint dtype must be one of")):
+        bad = subprocess.run([sys.executable, script, "--smoke", *args], capture_output=True, text=True, env=env,
+                             timeout=300)
+        assert bad.returncode == 2 and message in bad.stderr, (args, bad.stderr[-500:])
+        assert "Traceback" not in bad.stderr
