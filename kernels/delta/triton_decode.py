@@ -789,19 +789,23 @@ def delta_replay_decode_triton(
     LP = max(16, triton.next_power_of_2(L))
     NV, NVF = triton.cdiv(V, BV), triton.cdiv(V, BVF)
     dev = v.device
-    # one fp32 scratch allocation per call, viewed as: xs (Bt, HV, 2, K) [exp(G_c) k_c, exp(G_c) q]
+    # one 4-byte scratch allocation per call, viewed as: xs (Bt, HV, 2, K) [exp(G_c) k_c, exp(G_c) q]
     # (absent when the output launch scales k_c and q itself), cw (Bt, HV, 3, LP) [ck, cq,
     # (k_c . q, exp(G_c) from the per-key-head launch)], uf (Bt, HV, V) u_c of flush rows (absent
-    # when the flush launch computes their step: flush_output)
+    # when the flush launch computes their step: flush_output), all fp32, and cn (Bt,) int32 the
+    # advanced cursors (absent without advance_in_flush)
     per_key = not kda and _switch(cfg, "coef_per_key_head", coef_per_key_head)
     write_x = per_key and _switch(cfg, "coef_write_x", coef_write_x)
     x_from_keys = per_key and not write_x  # then no launch touches the x scratch
     fused_flush = _switch(cfg, "flush_output", flush_output) and triton.next_power_of_2(K) <= 256
+    next_cur = _switch(cfg, "advance_in_flush", advance_in_flush)
     n_x, n_c = (0 if x_from_keys else Bt * HV * 2 * K), Bt * HV * 3 * LP
-    scratch = torch.empty(n_x + n_c + (0 if fused_flush else Bt * HV * V), dtype=torch.float32, device=dev)
+    n_u = 0 if fused_flush else Bt * HV * V
+    scratch = torch.empty(n_x + n_c + n_u + (Bt if next_cur else 0), dtype=torch.float32, device=dev)
     xs = scratch if x_from_keys else scratch[:n_x].view(Bt, HV, 2, K)
     cw = scratch[n_x:n_x + n_c].view(Bt, HV, 3, LP)
-    uf = scratch if fused_flush else scratch[n_x + n_c:].view(Bt, HV, V)  # no launch touches it when fused
+    uf = scratch if fused_flush else scratch[n_x + n_c:n_x + n_c + n_u].view(Bt, HV, V)  # untouched when fused
+    cn = scratch[n_x + n_c + n_u:].view(torch.int32) if next_cur else cursor
     sq, sk, sv = q.stride(), k.stride(), v.stride()
     sg = (g.stride(0), g.stride(1), g.stride(2) if kda else 0)
     sgb = (g_buf.stride(0), g_buf.stride(1), g_buf.stride(2), g_buf.stride(3) if kda else 0)
@@ -810,14 +814,12 @@ def delta_replay_decode_triton(
     BKC = max(16, min(coef_block_k or cfg["coef_block_k"], triton.next_power_of_2(K)))
     by_cur = _switch(cfg, "ring_by_cursor", ring_by_cursor)
     pdl = _switch(cfg, "dependent_launch", dependent_launch) and dependent_launch_supported(dev.type, dev.index)
-    next_cur = _switch(cfg, "advance_in_flush", advance_in_flush)
     # The flush launch as a dependent of the output launch: only with the advance in the flush (its
     # program 0 waits for the output launch, so the flush launch ends after it), and not when the
     # output launch is itself a dependent (its flush-row programs exit before waiting for the
     # coefficient launch, whose next cursors the flush reads).
     flush_pdl = (next_cur and not pdl and _switch(cfg, "flush_dependent_launch", flush_dependent_launch)
                  and dependent_launch_supported(dev.type, dev.index))
-    cn = torch.empty((Bt,), dtype=torch.int32, device=dev) if next_cur else cursor
     if per_key:
         _gdn_coef_kernel[(Bt * Hk,)](
             q, k, g, k_buf, g_buf, cursor, xs, cw, cn, *sq, *sk, *g.stride(), *skb, *g_buf.stride()[:3],
