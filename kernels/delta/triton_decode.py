@@ -437,123 +437,6 @@ def _delta_output_kernel(
 
 
 @triton.jit
-def _kda_head_step(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
-                   s_base, ss_k, ss_v, ub_base, sub_l, sub_v, v_base, sv_v, o_base, so_v,
-                   s_first, beta, c, K, V, L,
-                   LW: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NVB: tl.constexpr,
-                   RING_BY_CURSOR: tl.constexpr):
-    """One KDA (row, value head) step over the ring window of ``LW >= c`` slots: the ring
-    coefficients in registers, then each value-column block's ``r``, ``u_c``, ``o`` (the
-    first block's checkpoint tile ``s_first`` was loaded before the cursor was known)."""
-    offs_l = tl.arange(0, LW)
-    ml = offs_l < c
-    inl = ml if RING_BY_CURSOR else offs_l < L
-    offs_k = tl.arange(0, BK)
-    mk = offs_k < K
-    kv, qv, kw = _key_tiles(q_base, sq_k, k_base, sk_k, kb_base, skb_l, skb_k, offs_k, mk, offs_l, inl)
-    gv = tl.load(g_base + offs_k * sg_k, mask=mk, other=0.0).to(tl.float32)
-    gm = tl.load(gb_base + offs_k[:, None] * sgb_k + offs_l[None, :] * sgb_l,
-                 mask=mk[:, None] & inl[None, :], other=0.0).to(tl.float32)
-    gm = tl.where(ml[None, :], gm, 0.0)
-    gt = tl.sum(gm, axis=1) + gv  # G_c per key channel
-    kw = kw * tl.exp(gt[:, None] - tl.cumsum(gm, axis=1))
-    ck = tl.where(ml, tl.sum(kw * kv[:, None], axis=0), 0.0)
-    cq = tl.where(ml, tl.sum(kw * qv[:, None], axis=0), 0.0)
-    kq = tl.sum(kv * qv, axis=0)
-    dvec = tl.exp(gt)
-    xk = dvec * kv
-    xq = dvec * qv
-    for j in tl.static_range(NVB):
-        offs_v = j * BV + tl.arange(0, BV)
-        mv = offs_v < V
-        if j == 0:
-            s0 = s_first.to(tl.float32)
-        else:
-            s0 = _state_tile(s_base, ss_k, ss_v, offs_k, mk, offs_v, V).to(tl.float32)
-        ub = tl.load(ub_base + offs_l[:, None] * sub_l + offs_v[None, :] * sub_v,
-                     mask=inl[:, None] & mv[None, :], other=0.0)
-        ub = tl.where(ml[:, None], ub.to(tl.float32), 0.0)
-        vv = tl.load(v_base + offs_v * sv_v, mask=mv, other=0.0).to(tl.float32)
-        r = tl.sum(s0 * xk[:, None], axis=0) + tl.sum(ck[:, None] * ub, axis=0)
-        hq = tl.sum(s0 * xq[:, None], axis=0) + tl.sum(cq[:, None] * ub, axis=0)
-        u = beta * (vv - r)
-        tl.store(o_base + offs_v * so_v, (hq + kq * u).to(o_base.dtype.element_ty), mask=mv)
-        tl.store(ub_base + c * sub_l + offs_v * sub_v, u.to(ub_base.dtype.element_ty), mask=mv)
-
-
-@triton.jit
-def _kda_head_output_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, ub_ptr, kb_ptr, gb_ptr, cur_ptr, cn_ptr, o_ptr,
-    sq_b, sq_h, sq_k,
-    sk_b, sk_h, sk_k,
-    sv_b, sv_h, sv_v,
-    sg_b, sg_h, sg_k,
-    sbt_b, sbt_h,
-    ss_b, ss_h, ss_k, ss_v,
-    sub_b, sub_h, sub_l, sub_v,
-    skb_b, skb_h, skb_l, skb_k,
-    sgb_b, sgb_h, sgb_l, sgb_k,
-    so_b, so_h, so_v,
-    sc_b,
-    HV, GROUP, K, V, L,
-    BK: tl.constexpr, BV: tl.constexpr, NVB: tl.constexpr, LP: tl.constexpr, WRITE_IDLE: tl.constexpr,
-    RING_BY_CURSOR: tl.constexpr, NARROW: tl.constexpr, NEXT_CURSOR: tl.constexpr,
-):
-    """KDA output launch with the coefficients in it (``coef_in_output``): one program per
-    (row, value head) computes the ring coefficients in registers while its checkpoint tile
-    loads, then the step of every value-column block, and appends ``(u_c, k_c, g_c)``. The
-    whole key dim is one tile (BK >= K). Flush rows (``c == L - 1``) are left to the flush
-    launch (``flush_output``); idle rows as in ``_delta_output_kernel``. NARROW and
-    NEXT_CURSOR: as in ``_delta_coef_kernel`` (head 0 stores the row's advanced cursor)."""
-    pid = tl.program_id(0)
-    b = (pid // HV).to(tl.int64)
-    h = pid % HV
-    hk = h // GROUP
-    c = tl.load(cur_ptr + b * sc_b)
-    if NEXT_CURSOR:
-        if h == 0:
-            tl.store(cn_ptr + b, advanced_cursor(c, L))
-    offs_k = tl.arange(0, BK)
-    offs_v0 = tl.arange(0, BV)
-    s_base = s_ptr + b * ss_b + h * ss_h
-    s_first = tl.load(s_base + offs_k[:, None] * ss_k + offs_v0[None, :] * ss_v,
-                      mask=(offs_k < K)[:, None] & ((offs_v0 < V) & (offs_v0 * 0 + c != L - 1))[None, :], other=0.0)
-    if c == L - 1:  # the flush launch does this row's step
-        return
-    o_base = o_ptr + b * so_b + h * so_h
-    if c < 0:
-        if WRITE_IDLE:
-            for j in tl.static_range(NVB):
-                offs_v = j * BV + offs_v0
-                tl.store(o_base + offs_v * so_v, tl.zeros([BV], dtype=o_ptr.dtype.element_ty), mask=offs_v < V)
-        return
-    beta = tl.load(beta_ptr + b * sbt_b + h * sbt_h).to(tl.float32)
-    q_base = q_ptr + b * sq_b + hk * sq_h
-    k_base = k_ptr + b * sk_b + hk * sk_h
-    g_base = g_ptr + b * sg_b + h * sg_h
-    kb_base = kb_ptr + b * skb_b + hk * skb_h
-    gb_base = gb_ptr + b * sgb_b + h * sgb_h
-    ub_base = ub_ptr + b * sub_b + h * sub_h
-    v_base = v_ptr + b * sv_b + h * sv_h
-    if NARROW:
-        if c <= LP // 2:
-            _kda_head_step(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
-                           s_base, ss_k, ss_v, ub_base, sub_l, sub_v, v_base, sv_v, o_base, so_v,
-                           s_first, beta, c, K, V, L, LP // 2, BK, BV, NVB, RING_BY_CURSOR)
-        else:
-            _kda_head_step(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
-                           s_base, ss_k, ss_v, ub_base, sub_l, sub_v, v_base, sv_v, o_base, so_v,
-                           s_first, beta, c, K, V, L, LP, BK, BV, NVB, RING_BY_CURSOR)
-    else:
-        _kda_head_step(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
-                       s_base, ss_k, ss_v, ub_base, sub_l, sub_v, v_base, sv_v, o_base, so_v,
-                       s_first, beta, c, K, V, L, LP, BK, BV, NVB, RING_BY_CURSOR)
-    if h % GROUP == 0:  # one program per key head appends k_c
-        _copy_vector(k_base, sk_k, kb_base + c * skb_l, skb_k, K, BK, 1)
-    _copy_vector(g_base, sg_k, gb_base + c * sgb_l, sgb_k, K, BK, 1)
-
-
-@triton.jit
 def _bf16_split3(x):
     """fp32 x as hi + mid + lo in bf16 (24 significant bits together: exact to fp32 rounding)."""
     hi = x.to(tl.bfloat16)
@@ -732,8 +615,7 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
                     flush_programs=4, flush_stages=2, coef_block_k=64, coef_warps=1,
                     coef_per_key_head=False, coef_write_x=True, flush_bf16_split=False, ring_by_cursor=True,
                     coef_narrow=False, flush_head_items=False, dependent_launch=False, flush_output=False,
-                    flush_prefetch=False, advance_in_flush=True, flush_dependent_launch=True,
-                    coef_in_output=False, head_warps=8)
+                    flush_prefetch=False, advance_in_flush=True, flush_dependent_launch=True)
     # H200, batch 256, L=16 (examples/benchmarks/results/delta_h200_2026-11-30_r4*): output
     # programs of 1-2 warps, because the key-dim reduction crosses warps (4 warps: 16-bit
     # checkpoints 1.46-1.53x slower, fp32 1.03-1.06x); flush items of 64 columns with a
@@ -801,8 +683,7 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
                 coef_per_key_head=not kda, coef_write_x=state_dtype.itemsize == 4,
                 flush_bf16_split=True, ring_by_cursor=True, coef_narrow=kda, flush_head_items=True,
                 dependent_launch=kda and state_dtype.itemsize == 4, flush_output=not split_16,
-                flush_prefetch=prefetch, advance_in_flush=True, flush_dependent_launch=True,
-                coef_in_output=False, head_warps=8)
+                flush_prefetch=prefetch, advance_in_flush=True, flush_dependent_launch=True)
 
 
 def delta_replay_decode_triton(
@@ -841,7 +722,6 @@ def delta_replay_decode_triton(
     flush_prefetch: bool | None = None,
     advance_in_flush: bool | None = None,
     flush_dependent_launch: bool | None = None,
-    coef_in_output: bool | None = None,
 ) -> torch.Tensor:
     """Triton version of ``delta_replay_decode_reference`` (same arguments and result).
 
@@ -919,17 +799,11 @@ def delta_replay_decode_triton(
     x_from_keys = per_key and not write_x  # then no launch touches the x scratch
     fused_flush = _switch(cfg, "flush_output", flush_output) and triton.next_power_of_2(K) <= 256
     next_cur = _switch(cfg, "advance_in_flush", advance_in_flush)
-    in_output = _switch(cfg, "coef_in_output", coef_in_output)
-    if in_output and not (kda and fused_flush):
-        raise ValueError("coef_in_output needs a KDA layer (per-channel gates) with flush_output on and a key dim "
-                         f"of at most 256; got {'KDA' if kda else 'Gated DeltaNet'}, flush_output="
-                         f"{fused_flush}, K={K}")
-    x_from_keys = x_from_keys or in_output
-    n_x, n_c = (0 if x_from_keys else Bt * HV * 2 * K), (0 if in_output else Bt * HV * 3 * LP)
+    n_x, n_c = (0 if x_from_keys else Bt * HV * 2 * K), Bt * HV * 3 * LP
     n_u = 0 if fused_flush else Bt * HV * V
     scratch = torch.empty(n_x + n_c + n_u + (Bt if next_cur else 0), dtype=torch.float32, device=dev)
     xs = scratch if x_from_keys else scratch[:n_x].view(Bt, HV, 2, K)
-    cw = scratch if in_output else scratch[n_x:n_x + n_c].view(Bt, HV, 3, LP)  # untouched with coef_in_output
+    cw = scratch[n_x:n_x + n_c].view(Bt, HV, 3, LP)
     uf = scratch if fused_flush else scratch[n_x + n_c:n_x + n_c + n_u].view(Bt, HV, V)  # untouched when fused
     cn = scratch[n_x + n_c + n_u:].view(torch.int32) if next_cur else cursor
     sq, sk, sv = q.stride(), k.stride(), v.stride()
@@ -939,25 +813,14 @@ def delta_replay_decode_triton(
     GROUP = HV // Hk
     BKC = max(16, min(coef_block_k or cfg["coef_block_k"], triton.next_power_of_2(K)))
     by_cur = _switch(cfg, "ring_by_cursor", ring_by_cursor)
-    pdl = (not in_output and _switch(cfg, "dependent_launch", dependent_launch)
-           and dependent_launch_supported(dev.type, dev.index))
+    pdl = _switch(cfg, "dependent_launch", dependent_launch) and dependent_launch_supported(dev.type, dev.index)
     # The flush launch as a dependent of the output launch: only with the advance in the flush (its
     # program 0 waits for the output launch, so the flush launch ends after it), and not when the
     # output launch is itself a dependent (its flush-row programs exit before waiting for the
     # coefficient launch, whose next cursors the flush reads).
-    flush_pdl = (next_cur and not pdl and not in_output and _switch(cfg, "flush_dependent_launch", flush_dependent_launch)
+    flush_pdl = (next_cur and not pdl and _switch(cfg, "flush_dependent_launch", flush_dependent_launch)
                  and dependent_launch_supported(dev.type, dev.index))
-    if in_output:
-        BVH = max(16, min(block_v or vp, vp))
-        _kda_head_output_kernel[(Bt * HV,)](
-            q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, cn, out,
-            *sq, *sk, *sv, *sg, *beta.stride(), *ss, *sub, *skb, *sgb, *out.stride(), cursor.stride(0),
-            HV, GROUP, K, V, L,
-            BK=triton.next_power_of_2(K), BV=BVH, NVB=triton.cdiv(V, BVH), LP=LP, WRITE_IDLE=bool(write_idle),
-            RING_BY_CURSOR=by_cur, NARROW=_switch(cfg, "coef_narrow", coef_narrow), NEXT_CURSOR=next_cur,
-            num_warps=num_warps or cfg["head_warps"],
-        )
-    elif per_key:
+    if per_key:
         _gdn_coef_kernel[(Bt * Hk,)](
             q, k, g, k_buf, g_buf, cursor, xs, cw, cn, *sq, *sk, *g.stride(), *skb, *g_buf.stride()[:3],
             cursor.stride(0), Hk, GROUP, K, L, BK=BKC, NK=triton.cdiv(K, BKC), LP=LP, GP=triton.next_power_of_2(GROUP),
@@ -971,15 +834,14 @@ def delta_replay_decode_triton(
             NARROW=kda and _switch(cfg, "coef_narrow", coef_narrow), PDL=pdl, NEXT_CURSOR=next_cur,
             num_warps=coef_warps or cfg["coef_warps"],
         )
-    if not in_output:
-        _delta_output_kernel[(Bt * HV * NV,)](
-            q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, xs, cw, uf, out,
-            *sq, *sk, *sv, *sg, *beta.stride(), *ss, *sub, *skb, *sgb, *out.stride(), cursor.stride(0),
-            HV, GROUP, K, V, L, NV,
-            KDA=kda, BK=BK, NK=NK, BV=BV, LP=LP, WRITE_IDLE=bool(write_idle), X_FROM_KEYS=x_from_keys,
-            RING_BY_CURSOR=by_cur, PDL=pdl, SKIP_FLUSH_ROWS=fused_flush, LAUNCH_DEPENDENTS=flush_pdl,
-            num_warps=num_warps or cfg["num_warps"], **({"launch_pdl": True} if pdl else {}),
-        )
+    _delta_output_kernel[(Bt * HV * NV,)](
+        q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, xs, cw, uf, out,
+        *sq, *sk, *sv, *sg, *beta.stride(), *ss, *sub, *skb, *sgb, *out.stride(), cursor.stride(0),
+        HV, GROUP, K, V, L, NV,
+        KDA=kda, BK=BK, NK=NK, BV=BV, LP=LP, WRITE_IDLE=bool(write_idle), X_FROM_KEYS=x_from_keys,
+        RING_BY_CURSOR=by_cur, PDL=pdl, SKIP_FLUSH_ROWS=fused_flush, LAUNCH_DEPENDENTS=flush_pdl,
+        num_warps=num_warps or cfg["num_warps"], **({"launch_pdl": True} if pdl else {}),
+    )
     n_prog = flush_programs or cfg["flush_programs"] * num_sms(dev.type, dev.index)
     interp = triton_interpreter_on()
     exact_ring = u_buf if kda else k_buf  # the product operand that is not decay-weighted

@@ -134,15 +134,6 @@ CASES = [
     # dependent launches need a CUDA device: asked for under the interpreter, the launches run one after another
     ("kda-L4-dependent-launch-asked", 2, 2, 20, 24, 4, True, dict(dependent_launch=True)),
     ("gdn-L3-flush-dependent-launch-asked", 1, 2, 20, 24, 3, False, dict(flush_dependent_launch=True)),
-    # KDA coefficients computed in the output launch, one program per (row, value head); L=12 runs the half and
-    # the whole window; with 16-column blocks a program walks two (V=24) or three (V=40) of them
-    ("kda-L12-coef-in-output", 2, 2, 20, 24, 12, True, dict(coef_in_output=True)),
-    ("kda-L4-coef-in-output-2vblocks-ring-by-L", 2, 2, 20, 24, 4, True, dict(coef_in_output=True, block_v=16,
-                                                                              ring_by_cursor=False)),
-    ("kda-L3-coef-in-output-3vblocks-whole-window", 2, 2, 40, 40, 3, True, dict(coef_in_output=True, block_v=16,
-                                                                                coef_narrow=False)),
-    ("kda-L1-coef-in-output-cursor-launch", 2, 2, 20, 24, 1, True, dict(coef_in_output=True,
-                                                                         advance_in_flush=False)),
 ]
 
 

@@ -150,19 +150,6 @@ def test_replay_variants_match_reference(shape, dtypes, variant):
     _cycle_vs_reference(shape, *dtypes, L=16, **VARIANTS[variant])
 
 
-COEF_IN_OUTPUT = {"whole-v": dict(coef_in_output=True), "bv32-w4": dict(coef_in_output=True, block_v=32, num_warps=4),
-                  "ring-by-L-whole-window": dict(coef_in_output=True, ring_by_cursor=False, coef_narrow=False),
-                  "cursor-launch": dict(coef_in_output=True, advance_in_flush=False)}
-
-
-@pytest.mark.parametrize("variant", list(COEF_IN_OUTPUT))
-@pytest.mark.parametrize("dtypes", [(F32, F32), (F32, BF16), (BF16, BF16)], ids=["s32-a32", "s32-abf16", "sbf16-abf16"])
-@pytest.mark.parametrize("shape", ["kimi-kda", "odd-kda"])
-def test_kda_coef_in_output_matches_reference(shape, dtypes, variant):
-    """KDA with the coefficients computed in the output launch (one program per value head)."""
-    _cycle_vs_reference(shape, *dtypes, L=16, **COEF_IN_OUTPUT[variant])
-
-
 @pytest.mark.parametrize("head_items", [True, False], ids=["head-items", "column-items"])
 @pytest.mark.parametrize("split", [True, False], ids=["bf16-split", "tf32x3"])
 @pytest.mark.parametrize("shape", ["qwen35-4b", "odd-gdn", "kimi-kda", "odd-kda"])
