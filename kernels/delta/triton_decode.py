@@ -157,12 +157,40 @@ def _ring_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k,
         cq = cq * w
     tl.store(cw_base + offs_l, ck)
     tl.store(cw_base + LP + offs_l, cq)
-    if LW < LP:
-        offs_r = LW + tl.arange(0, LP - LW)
-        tl.store(cw_base + offs_r, tl.zeros([LP - LW], dtype=tl.float32))
-        tl.store(cw_base + LP + offs_r, tl.zeros([LP - LW], dtype=tl.float32))
+    for i_r in tl.static_range(1, LP // LW):  # LW and LP are powers of two
+        offs_r = i_r * LW + offs_l
+        tl.store(cw_base + offs_r, tl.zeros([LW], dtype=tl.float32))
+        tl.store(cw_base + LP + offs_r, tl.zeros([LW], dtype=tl.float32))
     offs_p = tl.arange(0, LP)
     tl.store(cw_base + 2 * LP + offs_p, tl.where(offs_p == 0, tl.sum(kq, axis=0), 0.0))
+
+
+@triton.jit
+def _kda_window_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
+                      x_base, cw_base, c, K, L, BK: tl.constexpr, NK: tl.constexpr, LP: tl.constexpr,
+                      WINDOWS: tl.constexpr, RING_BY_CURSOR: tl.constexpr):
+    """KDA ``_ring_coefs`` on the narrowest of ``WINDOWS`` windows (LP, LP / 2, LP / 4) that holds
+    the row's ``c`` ring entries."""
+    if WINDOWS >= 3:
+        if c <= LP // 4:
+            _ring_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
+                        x_base, cw_base, c, K, L, 0.0, 0.0, True, BK, NK, LP // 4, LP, RING_BY_CURSOR)
+        elif c <= LP // 2:
+            _ring_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
+                        x_base, cw_base, c, K, L, 0.0, 0.0, True, BK, NK, LP // 2, LP, RING_BY_CURSOR)
+        else:
+            _ring_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
+                        x_base, cw_base, c, K, L, 0.0, 0.0, True, BK, NK, LP, LP, RING_BY_CURSOR)
+    elif WINDOWS == 2:
+        if c <= LP // 2:
+            _ring_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
+                        x_base, cw_base, c, K, L, 0.0, 0.0, True, BK, NK, LP // 2, LP, RING_BY_CURSOR)
+        else:
+            _ring_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
+                        x_base, cw_base, c, K, L, 0.0, 0.0, True, BK, NK, LP, LP, RING_BY_CURSOR)
+    else:
+        _ring_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
+                    x_base, cw_base, c, K, L, 0.0, 0.0, True, BK, NK, LP, LP, RING_BY_CURSOR)
 
 
 @triton.jit
@@ -176,13 +204,18 @@ def _delta_coef_kernel(
     sc_b,
     HV, GROUP, K, L,
     KDA: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, LP: tl.constexpr, RING_BY_CURSOR: tl.constexpr,
-    NARROW: tl.constexpr, PDL: tl.constexpr, NEXT_CURSOR: tl.constexpr,
+    WINDOWS: tl.constexpr, PDL: tl.constexpr, NEXT_CURSOR: tl.constexpr, SKIP_IDLE: tl.constexpr,
+    SKIP_FLUSH: tl.constexpr,
 ):
     """x scratch (Bt, HV, 2, K): [xk, xq]; cw scratch (Bt, HV, 3, LP): [ck, cq, (k_c . q, 0...)].
 
-    Idle rows (c < 0) are computed too, with an empty ring (their scratch is never used).
-    NARROW (KDA): rows with ``c <= LP / 2`` work on half the ring window (half the exps,
-    cumulative sums and products; the window is fixed at compile time, the cursor is not).
+    WINDOWS (KDA, 1-3): ring windows a program picks from by its cursor, fixed at compile time
+    (the cursor is not): the whole one, then half (rows with ``c <= LP / 2``), then a quarter
+    (``c <= LP / 4``); a narrower window has proportionally fewer exps, cumulative sums and
+    products.
+    SKIP_IDLE / SKIP_FLUSH: idle rows (``c < 0``; nothing uses their scratch) / flush rows
+    (``c == L - 1``; with ``flush_output`` the flush launch computes their step itself) write
+    nothing but the next cursor; without them they are computed (an idle row with an empty ring).
     PDL: let the output launch start now (it waits for this launch before reading the scratch).
     NEXT_CURSOR: the row's advanced cursor goes to the scratch ``cn`` (by its head-0 program),
     which the flush launch copies to the cursors.
@@ -197,6 +230,9 @@ def _delta_coef_kernel(
     if NEXT_CURSOR:
         if h == 0:
             tl.store(cn_ptr + b, advanced_cursor(c, L))
+    if SKIP_IDLE or SKIP_FLUSH:
+        if ((c < 0) & SKIP_IDLE) | ((c == L - 1) & SKIP_FLUSH):
+            return
     q_base = q_ptr + b * sq_b + hk * sq_h
     k_base = k_ptr + b * sk_b + hk * sk_h
     g_base = g_ptr + b * sg_b + h * sg_h
@@ -211,16 +247,8 @@ def _delta_coef_kernel(
         _ring_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
                     x_base, cw_base, c, K, L, w, dsc, KDA, BK, NK, LP, LP, RING_BY_CURSOR)
     else:
-        if NARROW:
-            if c <= LP // 2:
-                _ring_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
-                            x_base, cw_base, c, K, L, 0.0, 0.0, KDA, BK, NK, LP // 2, LP, RING_BY_CURSOR)
-            else:
-                _ring_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
-                            x_base, cw_base, c, K, L, 0.0, 0.0, KDA, BK, NK, LP, LP, RING_BY_CURSOR)
-        else:
-            _ring_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
-                        x_base, cw_base, c, K, L, 0.0, 0.0, KDA, BK, NK, LP, LP, RING_BY_CURSOR)
+        _kda_window_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
+                          x_base, cw_base, c, K, L, BK, NK, LP, WINDOWS, RING_BY_CURSOR)
 
 
 @triton.jit
@@ -234,7 +262,8 @@ def _gdn_coef_kernel(
     sc_b,
     Hk, GROUP, K, L,
     BK: tl.constexpr, NK: tl.constexpr, LP: tl.constexpr, GP: tl.constexpr, WRITE_X: tl.constexpr,
-    RING_BY_CURSOR: tl.constexpr, PDL: tl.constexpr, NEXT_CURSOR: tl.constexpr,
+    RING_BY_CURSOR: tl.constexpr, PDL: tl.constexpr, NEXT_CURSOR: tl.constexpr, SKIP_IDLE: tl.constexpr,
+    SKIP_FLUSH: tl.constexpr,
 ):
     """Gated DeltaNet coefficients, one program per (row, key head): the ring-key products
     ``k_j . k_c`` and ``k_j . q`` are computed once for the GROUP value heads that share the
@@ -243,7 +272,7 @@ def _gdn_coef_kernel(
     the ring keys. cw scratch (Bt, HV, 3, LP): [ck, cq, (k_c . q, exp(G_c), 0...)]; the output
     launch scales k_c and q by exp(G_c) itself, unless WRITE_X: then this launch writes the x
     scratch (Bt, HV, 2, K) [exp(G_c) k_c, exp(G_c) q] as ``_delta_coef_kernel`` does. PDL and
-    NEXT_CURSOR: as there (key head 0 stores the next cursor)."""
+    NEXT_CURSOR, SKIP_IDLE, SKIP_FLUSH: as there (key head 0 stores the next cursor)."""
     if PDL:
         gdc_launch_dependents()
     pid = tl.program_id(0)
@@ -253,6 +282,9 @@ def _gdn_coef_kernel(
     if NEXT_CURSOR:
         if hk == 0:
             tl.store(cn_ptr + b, advanced_cursor(c, L))
+    if SKIP_IDLE or SKIP_FLUSH:
+        if ((c < 0) & SKIP_IDLE) | ((c == L - 1) & SKIP_FLUSH):
+            return
     offs_l = tl.arange(0, LP)
     ml = offs_l < c
     inl = ml if RING_BY_CURSOR else offs_l < L
@@ -605,6 +637,20 @@ def _switch(cfg: dict, name: str, asked: bool | None) -> bool:
     return bool(cfg[name] if asked is None else asked)
 
 
+def _coef_windows(cfg: dict, narrow: bool | None, windows: int | None) -> int:
+    """Ring windows (1-3) of the KDA coefficient launch from the ``coef_narrow`` and
+    ``coef_windows`` knobs; ValueError when they disagree or ``coef_windows`` is out of range."""
+    if windows is not None:
+        if windows not in (1, 2, 3):
+            raise ValueError(f"coef_windows must be 1, 2 or 3, got {windows!r}")
+        if narrow is not None and narrow != (windows > 1):
+            raise ValueError(f"coef_narrow={narrow} contradicts coef_windows={windows}")
+        return windows
+    if narrow is None:
+        return cfg["coef_windows"]
+    return max(2, cfg["coef_windows"]) if narrow else 1
+
+
 @functools.lru_cache(maxsize=256)
 def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
     """Launch knobs of the output and flush launches (value columns per program, warps, K
@@ -614,7 +660,7 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
         return dict(block_v=32, num_warps=8, block_k=bk, flush_block_v=16, flush_block_k=bk, flush_warps=8,
                     flush_programs=4, flush_stages=2, coef_block_k=64, coef_warps=1,
                     coef_per_key_head=False, coef_write_x=True, flush_bf16_split=False, ring_by_cursor=True,
-                    coef_narrow=False, flush_head_items=False, dependent_launch=False, flush_output=False,
+                    coef_windows=1, coef_skip_rows=False, flush_head_items=False, dependent_launch=False, flush_output=False,
                     flush_prefetch=False, advance_in_flush=True, flush_dependent_launch=True)
     # H200, batch 256, L=16 (examples/benchmarks/results/delta_h200_2026-11-30_r4*): output
     # programs of 1-2 warps, because the key-dim reduction crosses warps (4 warps: 16-bit
@@ -681,7 +727,8 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
                 flush_block_k=32 if kda else bk, flush_warps=flush_w,
                 flush_programs=flush_p, flush_stages=1 if kda or prefetch else 2, coef_block_k=128, coef_warps=1,
                 coef_per_key_head=not kda, coef_write_x=state_dtype.itemsize == 4,
-                flush_bf16_split=True, ring_by_cursor=True, coef_narrow=kda, flush_head_items=True,
+                flush_bf16_split=True, ring_by_cursor=True, coef_windows=2 if kda else 1,
+                coef_skip_rows=False, flush_head_items=True,
                 dependent_launch=kda and state_dtype.itemsize == 4, flush_output=not split_16,
                 flush_prefetch=prefetch, advance_in_flush=True, flush_dependent_launch=True)
 
@@ -716,6 +763,8 @@ def delta_replay_decode_triton(
     flush_bf16_split: bool | None = None,
     ring_by_cursor: bool | None = None,
     coef_narrow: bool | None = None,
+    coef_windows: int | None = None,
+    coef_skip_rows: bool | None = None,
     flush_head_items: bool | None = None,
     dependent_launch: bool | None = None,
     flush_output: bool | None = None,
@@ -741,8 +790,11 @@ def delta_replay_decode_triton(
     tf32x3: Gated DeltaNet splits the weighted u's against its keys, KDA the weighted keys against
     its u's; used only when that exact ring (keys for GDN, u's for KDA) is bf16, never under the
     interpreter), ``ring_by_cursor`` (ring loads of the coefficient and output launches bounded
-    by the cursor rather than by L), ``coef_narrow`` (KDA coefficient launch: rows with at
-    most half the ring filled work on half the window), ``flush_head_items`` (flush work
+    by the cursor rather than by L), ``coef_windows`` (KDA coefficient launch: how many ring
+    windows, 1-3, its programs pick from by cursor: the whole one, half for rows with at most half
+    the ring filled, a quarter for rows with at most a quarter), ``coef_narrow`` (``False``: one
+    window; ``True``: at least two), ``coef_skip_rows`` (coefficient programs of idle rows, and of
+    flush rows when ``flush_output`` is on, exit after the next cursor), ``flush_head_items`` (flush work
     items of a whole value head, whose column blocks one program walks: ring keys and KDA decay
     weights loaded and computed once per head) and ``dependent_launch`` (the output launch starts
     while the coefficient launch finishes: programmatic dependent launch, where the device and
@@ -813,6 +865,7 @@ def delta_replay_decode_triton(
     GROUP = HV // Hk
     BKC = max(16, min(coef_block_k or cfg["coef_block_k"], triton.next_power_of_2(K)))
     by_cur = _switch(cfg, "ring_by_cursor", ring_by_cursor)
+    skip_rows = _switch(cfg, "coef_skip_rows", coef_skip_rows)
     pdl = _switch(cfg, "dependent_launch", dependent_launch) and dependent_launch_supported(dev.type, dev.index)
     # The flush launch as a dependent of the output launch: only with the advance in the flush (its
     # program 0 waits for the output launch, so the flush launch ends after it), and not when the
@@ -825,13 +878,15 @@ def delta_replay_decode_triton(
             q, k, g, k_buf, g_buf, cursor, xs, cw, cn, *sq, *sk, *g.stride(), *skb, *g_buf.stride()[:3],
             cursor.stride(0), Hk, GROUP, K, L, BK=BKC, NK=triton.cdiv(K, BKC), LP=LP, GP=triton.next_power_of_2(GROUP),
             WRITE_X=write_x, RING_BY_CURSOR=by_cur, PDL=pdl, NEXT_CURSOR=next_cur,
+            SKIP_IDLE=skip_rows, SKIP_FLUSH=skip_rows and fused_flush,
             num_warps=coef_warps or cfg["coef_warps"],
         )
     else:
         _delta_coef_kernel[(Bt * HV,)](
             q, k, g, k_buf, g_buf, cursor, xs, cw, cn, *sq, *sk, *sg, *skb, *sgb, cursor.stride(0),
             HV, GROUP, K, L, KDA=kda, BK=BKC, NK=triton.cdiv(K, BKC), LP=LP, RING_BY_CURSOR=by_cur,
-            NARROW=kda and _switch(cfg, "coef_narrow", coef_narrow), PDL=pdl, NEXT_CURSOR=next_cur,
+            WINDOWS=_coef_windows(cfg, coef_narrow, coef_windows) if kda else 1, PDL=pdl, NEXT_CURSOR=next_cur,
+            SKIP_IDLE=skip_rows, SKIP_FLUSH=skip_rows and fused_flush,
             num_warps=coef_warps or cfg["coef_warps"],
         )
     _delta_output_kernel[(Bt * HV * NV,)](

@@ -134,7 +134,35 @@ CASES = [
     # dependent launches need a CUDA device: asked for under the interpreter, the launches run one after another
     ("kda-L4-dependent-launch-asked", 2, 2, 20, 24, 4, True, dict(dependent_launch=True)),
     ("gdn-L3-flush-dependent-launch-asked", 1, 2, 20, 24, 3, False, dict(flush_dependent_launch=True)),
+    # KDA coefficient windows: L=12 (window 16) runs the quarter (c <= 4), the half (c <= 8) and the whole window
+    ("kda-L12-coef-windows-3", 2, 2, 20, 24, 12, True, dict(coef_windows=3)),
+    ("kda-L12-coef-windows-3-ring-by-L-ktiles", 2, 2, 40, 24, 12, True, dict(coef_windows=3, ring_by_cursor=False,
+                                                                              coef_block_k=16)),
+    ("kda-L12-coef-windows-1", 2, 2, 20, 24, 12, True, dict(coef_windows=1)),
+    # coefficient programs of idle rows, and of flush rows when the flush launch computes their step, exit early
+    ("kda-L4-coef-skip-rows", 2, 2, 20, 24, 4, True, dict(coef_skip_rows=True)),
+    ("kda-L4-coef-skip-rows-no-flush-output", 2, 2, 20, 24, 4, True, dict(coef_skip_rows=True, flush_output=False)),
+    ("gdn-gva-L4-coef-skip-rows", 2, 4, 20, 24, 4, False, dict(coef_skip_rows=True)),
+    ("gdn-gva-L4-coef-skip-rows-per-value-head", 2, 4, 20, 24, 4, False, dict(coef_skip_rows=True,
+                                                                               coef_per_key_head=False)),
+    ("gdn-gva-L4-coef-skip-rows-no-flush-output", 2, 4, 20, 24, 4, False, dict(coef_skip_rows=True,
+                                                                                flush_output=False)),
+    ("gdn-L1-coef-skip-rows-cursor-launch", 2, 4, 20, 24, 1, False, dict(coef_skip_rows=True,
+                                                                          advance_in_flush=False)),
 ]
+
+
+@pytest.mark.parametrize("knobs, message", [
+    (dict(coef_windows=4), "coef_windows must be 1, 2 or 3, got 4"),
+    (dict(coef_windows=1, coef_narrow=True), "coef_narrow=True contradicts coef_windows=1"),
+    (dict(coef_windows=3, coef_narrow=False), "coef_narrow=False contradicts coef_windows=3"),
+])
+def test_bad_coef_windows(knobs, message):
+    gen = torch.Generator().manual_seed(3)
+    ker = _setup(gen, 5, 2, 2, 16, 16, 4, True, [0] * 5)
+    x = _token(gen, 5, 2, 2, 16, 16, True, packed=False)
+    with pytest.raises(ValueError, match=message):
+        delta_replay_decode_triton(*x, *ker, one_launch=False, **knobs)
 
 
 def test_no_dependent_launch_off_the_gpu():
