@@ -18,7 +18,8 @@ can be captured in a CUDA graph):
    ``ck_j = k_j . (exp(G_c - G_j) k_c)``, ``cq_j`` (same with q), ``k_c . q``, into an fp32
    scratch. The ring keys (and, for KDA, the per-channel gate ring with its cumulative
    sums) are read here once per head instead of once per value-column block (KDA rows with at
-   most L/2 entries work on a half-width window). Gated
+   most L/2 or L/4 entries work on a half- or quarter-width window). Programs of idle rows, and
+   of flush rows when the flush launch computes their step, only store the next cursor. Gated
    DeltaNet runs ``_gdn_coef_kernel`` instead by default: one program per (row, key head)
    computes the ring-key products once for the value heads sharing that key head (their
    scalar decays only weight them); with 16-bit checkpoints the output launch then scales
@@ -660,7 +661,7 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
         return dict(block_v=32, num_warps=8, block_k=bk, flush_block_v=16, flush_block_k=bk, flush_warps=8,
                     flush_programs=4, flush_stages=2, coef_block_k=64, coef_warps=1,
                     coef_per_key_head=False, coef_write_x=True, flush_bf16_split=False, ring_by_cursor=True,
-                    coef_windows=1, coef_skip_rows=False, flush_head_items=False, dependent_launch=False, flush_output=False,
+                    coef_windows=1, coef_skip_rows=True, flush_head_items=False, dependent_launch=False, flush_output=False,
                     flush_prefetch=False, advance_in_flush=True, flush_dependent_launch=True)
     # H200, batch 256, L=16 (examples/benchmarks/results/delta_h200_2026-11-30_r4*): output
     # programs of 1-2 warps, because the key-dim reduction crosses warps (4 warps: 16-bit
@@ -717,6 +718,10 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
     # 164.2 vs 167.0 µs (advance) and 162.4 vs 164.2 (dependent flush), 122B 1.004x and 1.005x,
     # bf16 1.006-1.012x; batch 32 Qwen3.5-4B 1.06x (dependent flush). KDA with fp32 checkpoints keeps
     # its dependent output launch instead (the two do not chain; 1.001x either way).
+    # KDA coefficient programs on a quarter window for rows with at most L/4 entries, and coefficient
+    # programs of idle and (with flush_output) flush rows exiting at once (H200, batch 256, L=16, whole
+    # cycle, same run; results/delta_coef_windows_skip_h200_2026-12-01.md): KDA fp32 185.8 vs 188.7 µs,
+    # bf16 125.6 vs 128.7; Gated DeltaNet fp32 1.001-1.002x (skipping rows only).
     split_16 = not kda and state_dtype.itemsize == 2  # 128-column flush items were timed with the split products
     prefetch = not kda and state_dtype.itemsize == 4
     if split_16:
@@ -727,8 +732,8 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
                 flush_block_k=32 if kda else bk, flush_warps=flush_w,
                 flush_programs=flush_p, flush_stages=1 if kda or prefetch else 2, coef_block_k=128, coef_warps=1,
                 coef_per_key_head=not kda, coef_write_x=state_dtype.itemsize == 4,
-                flush_bf16_split=True, ring_by_cursor=True, coef_windows=2 if kda else 1,
-                coef_skip_rows=False, flush_head_items=True,
+                flush_bf16_split=True, ring_by_cursor=True, coef_windows=3 if kda else 1,
+                coef_skip_rows=True, flush_head_items=True,
                 dependent_launch=kda and state_dtype.itemsize == 4, flush_output=not split_16,
                 flush_prefetch=prefetch, advance_in_flush=True, flush_dependent_launch=True)
 
