@@ -169,29 +169,16 @@ def _ring_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k,
 @triton.jit
 def _kda_window_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
                       x_base, cw_base, c, K, L, BK: tl.constexpr, NK: tl.constexpr, LP: tl.constexpr,
-                      WINDOWS: tl.constexpr, RING_BY_CURSOR: tl.constexpr):
-    """KDA ``_ring_coefs`` on the narrowest of ``WINDOWS`` windows (LP, LP / 2, LP / 4) that holds
-    the row's ``c`` ring entries."""
-    if WINDOWS >= 3:
-        if c <= LP // 4:
-            _ring_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
-                        x_base, cw_base, c, K, L, 0.0, 0.0, True, BK, NK, LP // 4, LP, RING_BY_CURSOR)
-        elif c <= LP // 2:
-            _ring_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
-                        x_base, cw_base, c, K, L, 0.0, 0.0, True, BK, NK, LP // 2, LP, RING_BY_CURSOR)
-        else:
-            _ring_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
-                        x_base, cw_base, c, K, L, 0.0, 0.0, True, BK, NK, LP, LP, RING_BY_CURSOR)
-    elif WINDOWS == 2:
-        if c <= LP // 2:
-            _ring_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
-                        x_base, cw_base, c, K, L, 0.0, 0.0, True, BK, NK, LP // 2, LP, RING_BY_CURSOR)
-        else:
-            _ring_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
-                        x_base, cw_base, c, K, L, 0.0, 0.0, True, BK, NK, LP, LP, RING_BY_CURSOR)
-    else:
-        _ring_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
-                    x_base, cw_base, c, K, L, 0.0, 0.0, True, BK, NK, LP, LP, RING_BY_CURSOR)
+                      LW: tl.constexpr, WINDOWS: tl.constexpr, RING_BY_CURSOR: tl.constexpr):
+    """KDA ``_ring_coefs`` on the narrowest of ``WINDOWS`` windows (LW, LW / 2, LW / 4) that holds
+    the row's ``c`` ring entries (a window's width is fixed at compile time, the cursor is not)."""
+    if WINDOWS > 1:
+        if c <= LW // 2:
+            _kda_window_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
+                              x_base, cw_base, c, K, L, BK, NK, LP, LW // 2, WINDOWS - 1, RING_BY_CURSOR)
+            return
+    _ring_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
+                x_base, cw_base, c, K, L, 0.0, 0.0, True, BK, NK, LW, LP, RING_BY_CURSOR)
 
 
 @triton.jit
@@ -249,7 +236,7 @@ def _delta_coef_kernel(
                     x_base, cw_base, c, K, L, w, dsc, KDA, BK, NK, LP, LP, RING_BY_CURSOR)
     else:
         _kda_window_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
-                          x_base, cw_base, c, K, L, BK, NK, LP, WINDOWS, RING_BY_CURSOR)
+                          x_base, cw_base, c, K, L, BK, NK, LP, LP, WINDOWS, RING_BY_CURSOR)
 
 
 @triton.jit
