@@ -648,8 +648,8 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
         return dict(block_v=32, num_warps=8, block_k=bk, flush_block_v=16, flush_block_k=bk, flush_warps=8,
                     flush_programs=4, flush_stages=2, coef_block_k=64, coef_warps=1,
                     coef_per_key_head=False, coef_write_x=True, flush_bf16_split=False, ring_by_cursor=True,
-                    coef_windows=1, coef_skip_rows=True, flush_head_items=False, dependent_launch=False, flush_output=False,
-                    flush_prefetch=False, advance_in_flush=True, flush_dependent_launch=True)
+                    coef_windows=1, coef_skip_rows=True, flush_head_items=False, dependent_launch=False,
+                    flush_output=False, flush_prefetch=False, advance_in_flush=True, flush_dependent_launch=True)
     # H200, batch 256, L=16 (examples/benchmarks/results/delta_h200_2026-11-30_r4*): output
     # programs of 1-2 warps, because the key-dim reduction crosses warps (4 warps: 16-bit
     # checkpoints 1.46-1.53x slower, fp32 1.03-1.06x); flush items of 64 columns with a
