@@ -858,6 +858,7 @@ def delta_replay_decode_triton(
     BKC = max(16, min(coef_block_k or cfg["coef_block_k"], triton.next_power_of_2(K)))
     by_cur = _switch(cfg, "ring_by_cursor", ring_by_cursor)
     skip_rows = _switch(cfg, "coef_skip_rows", coef_skip_rows)
+    windows = _coef_windows(cfg, coef_narrow, coef_windows)  # checked for every layer, used by KDA's
     pdl = _switch(cfg, "dependent_launch", dependent_launch) and dependent_launch_supported(dev.type, dev.index)
     # The flush launch as a dependent of the output launch: only with the advance in the flush (its
     # program 0 waits for the output launch, so the flush launch ends after it), and not when the
@@ -877,7 +878,7 @@ def delta_replay_decode_triton(
         _delta_coef_kernel[(Bt * HV,)](
             q, k, g, k_buf, g_buf, cursor, xs, cw, cn, *sq, *sk, *sg, *skb, *sgb, cursor.stride(0),
             HV, GROUP, K, L, KDA=kda, BK=BKC, NK=triton.cdiv(K, BKC), LP=LP, RING_BY_CURSOR=by_cur,
-            WINDOWS=_coef_windows(cfg, coef_narrow, coef_windows) if kda else 1, PDL=pdl, NEXT_CURSOR=next_cur,
+            WINDOWS=windows if kda else 1, PDL=pdl, NEXT_CURSOR=next_cur,
             SKIP_IDLE=skip_rows, SKIP_FLUSH=skip_rows and fused_flush,
             num_warps=coef_warps or cfg["coef_warps"],
         )

@@ -157,12 +157,16 @@ CASES = [
     (dict(coef_windows=1, coef_narrow=True), "coef_narrow=True contradicts coef_windows=1"),
     (dict(coef_windows=3, coef_narrow=False), "coef_narrow=False contradicts coef_windows=3"),
 ])
-def test_bad_coef_windows(knobs, message):
+@pytest.mark.parametrize("kda", [True, False], ids=["kda", "gdn"])
+def test_bad_coef_windows(knobs, message, kda):
+    """Bad window knobs are refused for every layer, also where only KDA uses them."""
     gen = torch.Generator().manual_seed(3)
-    ker = _setup(gen, 5, 2, 2, 16, 16, 4, True, [0] * 5)
-    x = _token(gen, 5, 2, 2, 16, 16, True, packed=False)
+    ker = _setup(gen, 5, 2, 2, 16, 16, 4, kda, [0] * 5)
+    x = _token(gen, 5, 2, 2, 16, 16, kda, packed=False)
+    before = [t.clone() for t in ker]
     with pytest.raises(ValueError, match=message):
         delta_replay_decode_triton(*x, *ker, one_launch=False, **knobs)
+    assert all(torch.equal(a.nan_to_num(), b.nan_to_num()) for a, b in zip(ker, before))  # nothing was written
 
 
 def test_no_dependent_launch_off_the_gpu():
