@@ -92,8 +92,9 @@ CASES = [
     ("gdn-gva-L4-ring-by-L", 2, 4, 20, 24, 4, False, dict(ring_by_cursor=False)),
     ("kda-L4-ring-by-L", 2, 2, 20, 24, 4, True, dict(ring_by_cursor=False)),
     ("kda-L4-flush-bf16-split-asked", 2, 2, 20, 24, 4, True, dict(flush_bf16_split=True)),
-    # half-window coefficients: L=12 (window 16) runs both the half (c <= 8) and the whole window
-    ("kda-L12-coef-narrow", 2, 2, 20, 24, 12, True, dict(coef_narrow=True)),
+    # coefficient windows picked by cursor: L=12 (window 16) runs the half (c <= 8) and the whole window, and with
+    # three windows (the default; coef_narrow=True asks for at least two) the quarter (c <= 4) too
+    ("kda-L12-coef-windows-2", 2, 2, 20, 24, 12, True, dict(coef_windows=2)),
     ("kda-L12-coef-narrow-ring-by-L-ktiles", 2, 2, 40, 24, 12, True, dict(coef_narrow=True, ring_by_cursor=False,
                                                                           coef_block_k=16)),
     # flush items of whole value heads: one program walks the head's column blocks (2 or 3 here)
@@ -134,10 +135,7 @@ CASES = [
     # dependent launches need a CUDA device: asked for under the interpreter, the launches run one after another
     ("kda-L4-dependent-launch-asked", 2, 2, 20, 24, 4, True, dict(dependent_launch=True)),
     ("gdn-L3-flush-dependent-launch-asked", 1, 2, 20, 24, 3, False, dict(flush_dependent_launch=True)),
-    # KDA coefficient windows: L=12 (window 16) runs the quarter (c <= 4), the half (c <= 8) and the whole window
     ("kda-L12-coef-windows-3", 2, 2, 20, 24, 12, True, dict(coef_windows=3)),
-    ("kda-L12-coef-windows-3-ring-by-L-ktiles", 2, 2, 40, 24, 12, True, dict(coef_windows=3, ring_by_cursor=False,
-                                                                              coef_block_k=16)),
     ("kda-L12-coef-windows-1", 2, 2, 20, 24, 12, True, dict(coef_windows=1)),
     # coefficient programs of idle rows, and of flush rows when the flush launch computes their step, exit early
     ("kda-L4-coef-skip-rows", 2, 2, 20, 24, 4, True, dict(coef_skip_rows=True)),

@@ -140,7 +140,7 @@ VARIANTS = {"bv32": dict(block_v=32, num_warps=4), "bv128-w8": dict(block_v=128,
             "advance-in-flush-no-flush-output": dict(advance_in_flush=True, flush_output=False),
             "advance-in-flush-dependent-launch": dict(advance_in_flush=True, dependent_launch=True),
             "keys-scaled-in-output": dict(coef_per_key_head=True, coef_write_x=False),
-            "coef-windows-1": dict(coef_windows=1), "coef-windows-3": dict(coef_windows=3),
+            "coef-windows-2": dict(coef_windows=2),
             "coef-skip-rows": dict(coef_skip_rows=True), "coef-no-skip-rows": dict(coef_skip_rows=False),
             "coef-skip-rows-no-flush-output": dict(coef_skip_rows=True, flush_output=False),
             "coef-skip-rows-dependent-launch": dict(coef_skip_rows=True, dependent_launch=True)}
