@@ -902,7 +902,8 @@ def delta_replay_decode_triton(
     if not isinstance(n_coef, int) or isinstance(n_coef, bool) or n_coef < 0:
         raise ValueError(f"coef_programs must be an int >= 0 (programs per multiprocessor; 0: one per item), "
                          f"got {coef_programs!r}")
-    n_coef = min(Bt * HV, n_coef * num_sms(dev.type, dev.index))
+    if n_coef:  # persistent: that many programs per multiprocessor, at most one per item
+        n_coef = min(Bt * HV, n_coef * num_sms(dev.type, dev.index))
     pdl = _switch(cfg, "dependent_launch", dependent_launch) and dependent_launch_supported(dev.type, dev.index)
     # The flush launch as a dependent of the output launch: only with the advance in the flush (its
     # program 0 waits for the output launch, so the flush launch ends after it), and not when the
