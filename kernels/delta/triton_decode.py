@@ -182,7 +182,7 @@ def _kda_window_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, 
 
 
 @triton.jit
-def _coef_item(
+def _delta_coef_kernel(
     q_ptr, k_ptr, g_ptr, kb_ptr, gb_ptr, cur_ptr, x_ptr, cw_ptr, cn_ptr,
     sq_b, sq_h, sq_k,
     sk_b, sk_h, sk_k,
@@ -190,12 +190,27 @@ def _coef_item(
     skb_b, skb_h, skb_l, skb_k,
     sgb_b, sgb_h, sgb_l, sgb_k,
     sc_b,
-    HV, GROUP, K, L, pid,
+    HV, GROUP, K, L,
     KDA: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, LP: tl.constexpr, RING_BY_CURSOR: tl.constexpr,
-    WINDOWS: tl.constexpr, NEXT_CURSOR: tl.constexpr, SKIP_IDLE: tl.constexpr, SKIP_FLUSH: tl.constexpr,
+    WINDOWS: tl.constexpr, PDL: tl.constexpr, NEXT_CURSOR: tl.constexpr, SKIP_IDLE: tl.constexpr,
+    SKIP_FLUSH: tl.constexpr,
 ):
-    """The coefficient scratch of work item ``pid`` (an int32 scalar) = row ``pid // HV``, value
-    head ``pid % HV``: see ``_delta_coef_kernel``."""
+    """x scratch (Bt, HV, 2, K): [xk, xq]; cw scratch (Bt, HV, 3, LP): [ck, cq, (k_c . q, 0...)].
+
+    WINDOWS (KDA, 1-3): ring windows a program picks from by its cursor, fixed at compile time
+    (the cursor is not): the whole one, then half (rows with ``c <= LP / 2``), then a quarter
+    (``c <= LP / 4``); a narrower window has proportionally fewer exps, cumulative sums and
+    products.
+    SKIP_IDLE / SKIP_FLUSH: idle rows (``c < 0``; nothing uses their scratch) / flush rows
+    (``c == L - 1``; with ``flush_output`` the flush launch computes their step itself) write
+    nothing but the next cursor; without them they are computed (an idle row with an empty ring).
+    PDL: let the output launch start now (it waits for this launch before reading the scratch).
+    NEXT_CURSOR: the row's advanced cursor goes to the scratch ``cn`` (by its head-0 program),
+    which the flush launch copies to the cursors.
+    """
+    if PDL:
+        gdc_launch_dependents()
+    pid = tl.program_id(0)
     b = (pid // HV).to(tl.int64)
     h = pid % HV
     hk = h // GROUP
@@ -222,55 +237,6 @@ def _coef_item(
     else:
         _kda_window_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k, gb_base, sgb_l, sgb_k,
                           x_base, cw_base, c, K, L, BK, NK, LP, LP, WINDOWS, RING_BY_CURSOR)
-
-
-# The same item as a function of its own (not inlined): in the persistent launch's item loop an
-# inlined item needed 245 registers per thread, a called one 193 (sm_90, KDA, K = 128, L = 16).
-_coef_item_called = triton.jit(_coef_item.fn, noinline=True)
-
-
-@triton.jit
-def _delta_coef_kernel(
-    q_ptr, k_ptr, g_ptr, kb_ptr, gb_ptr, cur_ptr, x_ptr, cw_ptr, cn_ptr,
-    sq_b, sq_h, sq_k,
-    sk_b, sk_h, sk_k,
-    sg_b, sg_h, sg_k,
-    skb_b, skb_h, skb_l, skb_k,
-    sgb_b, sgb_h, sgb_l, sgb_k,
-    sc_b,
-    HV, GROUP, K, L, n_items,
-    KDA: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, LP: tl.constexpr, RING_BY_CURSOR: tl.constexpr,
-    WINDOWS: tl.constexpr, PDL: tl.constexpr, NEXT_CURSOR: tl.constexpr, SKIP_IDLE: tl.constexpr,
-    SKIP_FLUSH: tl.constexpr, PERSISTENT: tl.constexpr,
-):
-    """x scratch (Bt, HV, 2, K): [xk, xq]; cw scratch (Bt, HV, 3, LP): [ck, cq, (k_c . q, 0...)];
-    one work item per (row, value head), ``n_items = Bt * HV``.
-
-    WINDOWS (KDA, 1-3): ring windows a program picks from by its cursor, fixed at compile time
-    (the cursor is not): the whole one, then half (rows with ``c <= LP / 2``), then a quarter
-    (``c <= LP / 4``); a narrower window has proportionally fewer exps, cumulative sums and
-    products.
-    SKIP_IDLE / SKIP_FLUSH: idle rows (``c < 0``; nothing uses their scratch) / flush rows
-    (``c == L - 1``; with ``flush_output`` the flush launch computes their step itself) write
-    nothing but the next cursor; without them they are computed (an idle row with an empty ring).
-    PDL: let the output launch start now (it waits for this launch before reading the scratch).
-    NEXT_CURSOR: the row's advanced cursor goes to the scratch ``cn`` (by its head-0 program),
-    which the flush launch copies to the cursors.
-    PERSISTENT: a program per item (False), or fewer programs that share the items in turn.
-    """
-    if PDL:
-        gdc_launch_dependents()
-    if PERSISTENT:
-        for item in range(tl.program_id(0), n_items, tl.num_programs(0)):
-            _coef_item_called(q_ptr, k_ptr, g_ptr, kb_ptr, gb_ptr, cur_ptr, x_ptr, cw_ptr, cn_ptr,
-                              sq_b, sq_h, sq_k, sk_b, sk_h, sk_k, sg_b, sg_h, sg_k, skb_b, skb_h, skb_l, skb_k,
-                              sgb_b, sgb_h, sgb_l, sgb_k, sc_b, HV, GROUP, K, L, tl.zeros([], dtype=tl.int32) + item,
-                              KDA, BK, NK, LP, RING_BY_CURSOR, WINDOWS, NEXT_CURSOR, SKIP_IDLE, SKIP_FLUSH)
-    else:
-        _coef_item(q_ptr, k_ptr, g_ptr, kb_ptr, gb_ptr, cur_ptr, x_ptr, cw_ptr, cn_ptr,
-                   sq_b, sq_h, sq_k, sk_b, sk_h, sk_k, sg_b, sg_h, sg_k, skb_b, skb_h, skb_l, skb_k,
-                   sgb_b, sgb_h, sgb_l, sgb_k, sc_b, HV, GROUP, K, L, tl.program_id(0),
-                   KDA, BK, NK, LP, RING_BY_CURSOR, WINDOWS, NEXT_CURSOR, SKIP_IDLE, SKIP_FLUSH)
 
 
 @triton.jit
@@ -682,9 +648,8 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
         return dict(block_v=32, num_warps=8, block_k=bk, flush_block_v=16, flush_block_k=bk, flush_warps=8,
                     flush_programs=4, flush_stages=2, coef_block_k=64, coef_warps=1,
                     coef_per_key_head=False, coef_write_x=True, flush_bf16_split=False, ring_by_cursor=True,
-                    coef_windows=1, coef_skip_rows=True, coef_programs=0, flush_head_items=False,
-                    dependent_launch=False, flush_output=False, flush_prefetch=False, advance_in_flush=True,
-                    flush_dependent_launch=True)
+                    coef_windows=1, coef_skip_rows=True, flush_head_items=False, dependent_launch=False,
+                    flush_output=False, flush_prefetch=False, advance_in_flush=True, flush_dependent_launch=True)
     # H200, batch 256, L=16 (examples/benchmarks/results/delta_h200_2026-11-30_r4*): output
     # programs of 1-2 warps, because the key-dim reduction crosses warps (4 warps: 16-bit
     # checkpoints 1.46-1.53x slower, fp32 1.03-1.06x); flush items of 64 columns with a
@@ -755,7 +720,7 @@ def default_config(K: int, V: int, state_dtype: torch.dtype, kda: bool) -> dict:
                 flush_programs=flush_p, flush_stages=1 if kda or prefetch else 2, coef_block_k=128, coef_warps=1,
                 coef_per_key_head=not kda, coef_write_x=state_dtype.itemsize == 4,
                 flush_bf16_split=True, ring_by_cursor=True, coef_windows=3 if kda else 1,
-                coef_skip_rows=True, coef_programs=0, flush_head_items=True,
+                coef_skip_rows=True, flush_head_items=True,
                 dependent_launch=kda and state_dtype.itemsize == 4, flush_output=not split_16,
                 flush_prefetch=prefetch, advance_in_flush=True, flush_dependent_launch=True)
 
@@ -792,7 +757,6 @@ def delta_replay_decode_triton(
     coef_narrow: bool | None = None,
     coef_windows: int | None = None,
     coef_skip_rows: bool | None = None,
-    coef_programs: int | None = None,
     flush_head_items: bool | None = None,
     dependent_launch: bool | None = None,
     flush_output: bool | None = None,
@@ -822,14 +786,11 @@ def delta_replay_decode_triton(
     windows, 1-3, its programs pick from by cursor: the whole one, half for rows with at most half
     the ring filled, a quarter for rows with at most a quarter), ``coef_narrow`` (``False``: one
     window; ``True``: at least two), ``coef_skip_rows`` (coefficient programs of idle rows, and of
-    flush rows when ``flush_output`` is on, exit after the next cursor), ``coef_programs`` (the
-    coefficient launch of KDA, and of Gated DeltaNet per value head, as this many persistent
-    programs per multiprocessor sharing the (row, value head) items; 0: one program per item),
-    ``flush_head_items`` (flush work items of a whole value head, whose column blocks one program
-    walks: ring keys and KDA decay weights loaded and computed once per head) and
-    ``dependent_launch`` (the output launch starts while the coefficient launch finishes:
-    programmatic dependent launch, where the device and Triton support it; see
-    ``dependent_launch_supported``). Two more flush knobs: ``flush_output``
+    flush rows when ``flush_output`` is on, exit after the next cursor), ``flush_head_items`` (flush work
+    items of a whole value head, whose column blocks one program walks: ring keys and KDA decay
+    weights loaded and computed once per head) and ``dependent_launch`` (the output launch starts
+    while the coefficient launch finishes: programmatic dependent launch, where the device and
+    Triton support it; see ``dependent_launch_supported``). Two more flush knobs: ``flush_output``
     (the flush launch computes the flush rows' output too and the output launch skips them, so a
     flush step reads the checkpoint once; its flush key tile is then the whole key dim, whatever
     ``flush_block_k`` says) and ``flush_prefetch`` (the flush loads each column block's checkpoint
@@ -898,12 +859,6 @@ def delta_replay_decode_triton(
     by_cur = _switch(cfg, "ring_by_cursor", ring_by_cursor)
     skip_rows = _switch(cfg, "coef_skip_rows", coef_skip_rows)
     windows = _coef_windows(cfg, coef_narrow, coef_windows)  # checked for every layer, used by KDA's
-    n_coef = cfg["coef_programs"] if coef_programs is None else coef_programs
-    if not isinstance(n_coef, int) or isinstance(n_coef, bool) or n_coef < 0:
-        raise ValueError(f"coef_programs must be an int >= 0 (programs per multiprocessor; 0: one per item), "
-                         f"got {coef_programs!r}")
-    if n_coef:  # persistent: that many programs per multiprocessor, at most one per item
-        n_coef = min(Bt * HV, n_coef * num_sms(dev.type, dev.index))
     pdl = _switch(cfg, "dependent_launch", dependent_launch) and dependent_launch_supported(dev.type, dev.index)
     # The flush launch as a dependent of the output launch: only with the advance in the flush (its
     # program 0 waits for the output launch, so the flush launch ends after it), and not when the
@@ -920,11 +875,11 @@ def delta_replay_decode_triton(
             num_warps=coef_warps or cfg["coef_warps"],
         )
     else:
-        _delta_coef_kernel[(n_coef or Bt * HV,)](
+        _delta_coef_kernel[(Bt * HV,)](
             q, k, g, k_buf, g_buf, cursor, xs, cw, cn, *sq, *sk, *sg, *skb, *sgb, cursor.stride(0),
-            HV, GROUP, K, L, Bt * HV, KDA=kda, BK=BKC, NK=triton.cdiv(K, BKC), LP=LP, RING_BY_CURSOR=by_cur,
+            HV, GROUP, K, L, KDA=kda, BK=BKC, NK=triton.cdiv(K, BKC), LP=LP, RING_BY_CURSOR=by_cur,
             WINDOWS=windows if kda else 1, PDL=pdl, NEXT_CURSOR=next_cur,
-            SKIP_IDLE=skip_rows, SKIP_FLUSH=skip_rows and fused_flush, PERSISTENT=n_coef > 0,
+            SKIP_IDLE=skip_rows, SKIP_FLUSH=skip_rows and fused_flush,
             num_warps=coef_warps or cfg["coef_warps"],
         )
     _delta_output_kernel[(Bt * HV * NV,)](

@@ -167,30 +167,6 @@ def test_bad_coef_windows(knobs, message, kda):
     assert all(torch.equal(a.nan_to_num(), b.nan_to_num()) for a, b in zip(ker, before))  # nothing was written
 
 
-@pytest.mark.parametrize("kda, kw", [(True, {}), (True, dict(coef_windows=1, ring_by_cursor=False)),
-                                     (False, dict(coef_per_key_head=False))],
-                         ids=["kda", "kda-whole-window-ring-by-L", "gdn-per-value-head"])
-def test_persistent_coefficient_launch(monkeypatch, kda, kw):
-    """``coef_programs``: the coefficient launch as persistent programs that share the (row,
-    value head) items; with one multiprocessor (patched) one program walks all the items of a
-    batch. Same results as the reference over 2L+1 steps (the case list's checks)."""
-    import replayssm.kernels.delta.triton_decode as td
-
-    monkeypatch.setattr(td, "num_sms", lambda *a, **k: 1)
-    name = "kda" if kda else "gdn"
-    test_replay_kernel_matches_reference((f"{name}-L6-persistent-coef", 2, 2, 20, 24, 6, kda,
-                                          dict(coef_programs=1, **kw)))
-
-
-@pytest.mark.parametrize("value", [-1, 1.5, True])
-def test_bad_coef_programs(value):
-    gen = torch.Generator().manual_seed(3)
-    ker = _setup(gen, 5, 2, 2, 16, 16, 4, True, [0] * 5)
-    x = _token(gen, 5, 2, 2, 16, 16, True, packed=False)
-    with pytest.raises(ValueError, match="coef_programs must be an int >= 0"):
-        delta_replay_decode_triton(*x, *ker, one_launch=False, coef_programs=value)
-
-
 def test_no_dependent_launch_off_the_gpu():
     """Programmatic dependent launch needs a CUDA device: the interpreter never asks for it
     (the knob is then ignored, as the interpreter cases with it show)."""

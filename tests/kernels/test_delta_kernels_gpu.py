@@ -143,9 +143,7 @@ VARIANTS = {"bv32": dict(block_v=32, num_warps=4), "bv128-w8": dict(block_v=128,
             "coef-windows-2": dict(coef_windows=2),
             "coef-skip-rows": dict(coef_skip_rows=True), "coef-no-skip-rows": dict(coef_skip_rows=False),
             "coef-skip-rows-no-flush-output": dict(coef_skip_rows=True, flush_output=False),
-            "coef-skip-rows-dependent-launch": dict(coef_skip_rows=True, dependent_launch=True),
-            "coef-persistent": dict(coef_programs=4),
-            "coef-persistent-per-value-head": dict(coef_programs=4, coef_per_key_head=False)}
+            "coef-skip-rows-dependent-launch": dict(coef_skip_rows=True, dependent_launch=True)}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
