@@ -159,6 +159,8 @@ class Layer:
             u = torch.randn(Bt, HV, L, V, device=dev).to(adt)
             kb = _l2n(torch.randn(Bt, Hk, L, K, device=dev)).to(adt)
             gb = -torch.rand(*((Bt, HV, L, K) if kda else (Bt, HV, L)), device=dev) * 0.05
+            if kda:  # KDA's gate ring holds running sums (the cycle rewrites them anyway)
+                gb = gb.cumsum(2)
             rings.append((u, kb, gb, torch.zeros(Bt, dtype=torch.int32, device=dev)))
         return rings
 

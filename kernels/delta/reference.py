@@ -10,16 +10,22 @@ head h reads key head ``h // (HV // Hk)`` (grouped value heads). One recurrence 
     r = S^T k ;  u = beta * (v - r) ;  S <- S + k u^T ;  o = S^T q
 
 ReplaySSM keeps a checkpoint ``S0`` plus a ring of the corrected values ``u_j``, the keys
-``k_j`` and the log-decays ``g_j`` of the tokens received since the checkpoint. With
-``c = cursor[b]`` buffered entries, the current token is window entry c, and with
-``G_j = sum_{i<=j} g_i`` over window entries (a vector over K for KDA):
+``k_j`` and the decays of the tokens received since the checkpoint. With ``c = cursor[b]``
+buffered entries, the current token is window entry c, and with ``G_j = sum_{i<=j} g_i``
+over window entries (a vector over K for KDA):
 
     A = exp(G_c) * S0 + sum_{j<c} (exp(G_c - G_j) * k_j) u_j^T        (= alpha_c S_{c-1})
     r = A^T k_c ;  u_c = beta_c (v_c - r) ;  S_c = A + k_c u_c^T ;  o = S_c^T q
 
+The decay ring holds, in fp32, the log-decays ``g_j`` (GDN: a scalar per head) or, for KDA,
+their running sums ``G_j`` per key channel: with one decay per key channel, the sums over the
+window (a cumulative sum per channel) were the costly part of every KDA step, and a running sum
+stored at append time needs only the previous slot (``G_c = G_{c-1} + g_c``, ``G_{-1} = 0``);
+a rollback (a cursor moved back) leaves the kept slots' sums valid.
+
 * Flush (``c == L - 1``): ``S0 <- S_c`` rounded once to the checkpoint dtype; the ring
-  restarts empty. Otherwise ``(u_c, k_c, g_c)`` is appended at slot c (u rounded to the
-  ``u_buf`` dtype, k to the ``k_buf`` dtype, g kept fp32). The cursor advances to
+  restarts empty. Otherwise ``(u_c, k_c, g_c)`` (KDA: ``G_c``) is appended at slot c (u
+  rounded to the ``u_buf`` dtype, k to the ``k_buf`` dtype, the decay kept fp32). The cursor advances to
   ``(c + 1) % L`` on every active row; rows with ``cursor < 0`` are idle (nothing of theirs
   is read or written, ``out`` keeps its contents).
 
@@ -40,6 +46,7 @@ from __future__ import annotations
 import torch
 
 __all__ = [
+    "kda_gate_total",
     "delta_replay_decode_reference",
     "delta_replay_materialize_reference",
     "delta_step_decode_reference",
@@ -72,13 +79,23 @@ def _check_shapes(q, k, v, g, beta, state, u_buf, k_buf, g_buf):
     return Bt, HV, Hk, L, K, V
 
 
+def kda_gate_total(g_buf: torch.Tensor, n: torch.Tensor, g_tail: torch.Tensor) -> torch.Tensor:
+    """KDA: ``G = G_{n-1} + g_tail`` (Bt, HV, K) fp32 from the running-sum ring ``g_buf``
+    (Bt, HV, L, K) and ``n`` (Bt,) long entries (``G_{-1} = 0``; slots >= n are not used)."""
+    Bt, HV, L, K = g_buf.shape
+    idx = (n - 1).clamp(min=0).view(Bt, 1, 1, 1).expand(Bt, HV, 1, K)
+    prev = g_buf.float().gather(2, idx)[:, :, 0]
+    prev = torch.where((n > 0).view(Bt, 1, 1), prev, torch.zeros((), device=g_buf.device))
+    return prev + g_tail.float()
+
+
 def _decayed_history(state, u_buf, k_buf, g_buf, n, g_tail):
     """``exp(G) * S0 + sum_{j<n} (exp(G - G_j) * k_j) u_j^T`` in fp32, G = G_{n-1} + g_tail.
 
     ``n`` (Bt,) long: number of ring entries to use (entries j >= n are never read, so
     they may hold anything, NaN included). ``g_tail`` (Bt, HV) or (Bt, HV, K) fp32: the
     log-decay appended after the last entry (the current token's g, or zeros).
-    Returns (Bt, HV, K, V) fp32.
+    Returns (Bt, HV, K, V) fp32 and G ((Bt, HV) or (Bt, HV, K) fp32).
     """
     Bt, HV, L, V = u_buf.shape
     Hk = k_buf.shape[1]
@@ -89,11 +106,10 @@ def _decayed_history(state, u_buf, k_buf, g_buf, n, g_tail):
     h4 = hist[:, None, :, None]
     ub = torch.where(h4, u_buf.float(), zero)  # (Bt, HV, L, V)
     kb = torch.where(h4, k_buf.float(), zero).repeat_interleave(HV // Hk, dim=1)  # (Bt, HV, L, K)
-    if kda:
-        gh = torch.where(h4, g_buf.float(), zero)  # (Bt, HV, L, K)
-        gcum = torch.cumsum(gh, dim=2)
-        gtot = gh.sum(dim=2) + g_tail.float()  # (Bt, HV, K)
-        kw = kb * torch.exp(gtot[:, :, None, :] - gcum)
+    if kda:  # the ring holds the running sums G_j
+        gtot = kda_gate_total(g_buf, n, g_tail)  # (Bt, HV, K)
+        gcum = torch.where(h4, g_buf.float(), zero)  # (Bt, HV, L, K)
+        kw = torch.where(h4, kb * torch.exp(gtot[:, :, None, :] - gcum), zero)
         s = torch.exp(gtot)[..., None] * state.float()
     else:
         gh = torch.where(hist[:, None, :], g_buf.float(), zero)  # (Bt, HV, L)
@@ -101,7 +117,7 @@ def _decayed_history(state, u_buf, k_buf, g_buf, n, g_tail):
         gtot = gh.sum(dim=2) + g_tail.float()  # (Bt, HV)
         kw = kb * torch.exp(gtot[:, :, None] - gcum)[..., None]
         s = torch.exp(gtot)[..., None, None] * state.float()
-    return s + torch.einsum("bhlk,bhlv->bhkv", kw, ub)
+    return s + torch.einsum("bhlk,bhlv->bhkv", kw, ub), gtot
 
 
 def delta_replay_decode_reference(
@@ -127,7 +143,8 @@ def delta_replay_decode_reference(
         state: (Bt, HV, K, V) checkpoint S0, fp32/bf16/fp16; written in place on flush rows.
         u_buf: (Bt, HV, L, V) ring of corrected values (usually the activation dtype).
         k_buf: (Bt, Hk, L, K) ring of keys, one per key head.
-        g_buf: (Bt, HV, L) or (Bt, HV, L, K) fp32 ring of log-decays.
+        g_buf: (Bt, HV, L) fp32 ring of log-decays g_j (GDN) or (Bt, HV, L, K) fp32 ring of
+            their running sums since the checkpoint G_j (KDA).
         cursor: (Bt,) int32 number of buffered entries c in [0, L-1]; c < 0 marks an idle
             row. Advanced in place to (c + 1) % L on active rows; rows with c == L-1 flush.
         out: optional (Bt, HV, V) output; idle rows keep its contents.
@@ -142,7 +159,7 @@ def delta_replay_decode_reference(
     active = cursor >= 0
     c = cursor.clamp(min=0).long()
 
-    a = _decayed_history(state, u_buf, k_buf, g_buf, c, g)  # alpha_c S_{c-1}, fp32
+    a, gtot = _decayed_history(state, u_buf, k_buf, g_buf, c, g)  # alpha_c S_{c-1}, fp32; G_c
     qf = q.float().repeat_interleave(grp, dim=1)  # (Bt, HV, K)
     kf = k.float().repeat_interleave(grp, dim=1)
     r = torch.einsum("bhkv,bhk->bhv", a, kf)
@@ -150,7 +167,7 @@ def delta_replay_decode_reference(
     s = a + kf[..., None] * u[..., None, :]
     o = torch.einsum("bhkv,bhk->bhv", s, qf)
 
-    # Append (u_c, k_c, g_c) at slot c on active, non-flush rows.
+    # Append (u_c, k_c, g_c) (KDA: G_c) at slot c on active, non-flush rows.
     flush = active & (c == L - 1)
     app = active & ~flush
     slot = torch.arange(L, device=u_buf.device)[None, :] == c[:, None]  # (Bt, L)
@@ -158,7 +175,7 @@ def delta_replay_decode_reference(
     u_buf.copy_(torch.where(sel, u.to(u_buf.dtype)[:, :, None, :], u_buf))
     k_buf.copy_(torch.where(sel, k.to(k_buf.dtype)[:, :, None, :], k_buf))
     if kda:
-        g_buf.copy_(torch.where(sel, g.to(g_buf.dtype)[:, :, None, :], g_buf))
+        g_buf.copy_(torch.where(sel, gtot.to(g_buf.dtype)[:, :, None, :], g_buf))
     else:
         g_buf.copy_(torch.where(sel[..., 0], g.to(g_buf.dtype)[:, :, None], g_buf))
 
@@ -193,7 +210,7 @@ def delta_replay_materialize_reference(
         tail = torch.zeros(Bt, HV, g_buf.shape[3], device=g_buf.device)
     else:
         tail = torch.zeros(Bt, HV, device=g_buf.device)
-    s = _decayed_history(state, u_buf, k_buf, g_buf, n, tail)
+    s, _ = _decayed_history(state, u_buf, k_buf, g_buf, n, tail)
     has = (cursor > 0).view(Bt, 1, 1, 1)
     s = torch.where(has, s, state.float())
     state.copy_(s.to(state.dtype))

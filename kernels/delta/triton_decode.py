@@ -16,8 +16,8 @@ can be captured in a CUDA graph):
 1. ``_delta_coef_kernel``, one program per (row, value head): the key-dim vectors
    ``xk = exp(G_c) k_c``, ``xq = exp(G_c) q`` and the ring coefficients
    ``ck_j = k_j . (exp(G_c - G_j) k_c)``, ``cq_j`` (same with q), ``k_c . q``, into an fp32
-   scratch. The ring keys (and, for KDA, the per-channel gate ring with its cumulative
-   sums) are read here once per head instead of once per value-column block (KDA rows with at
+   scratch. The ring keys (and, for KDA, the per-channel gate ring, which holds running sums
+   ``G_j``: ``triton_gates.py``) are read here once per head instead of once per value-column block (KDA rows with at
    most L/2 or L/4 entries work on a half- or quarter-width window). Programs of idle rows, and
    of flush rows when the flush launch computes their step, only store the next cursor. Gated
    DeltaNet runs ``_gdn_coef_kernel`` instead by default: one program per (row, key head)
@@ -79,6 +79,7 @@ from ..backend import dependent_launch_supported, num_sms, triton_interpreter_on
 from ..cursor import advance_cursor_triton, advanced_cursor
 from ..persistent import flush_row_chunks, flush_row_prefix, nth_flush_row
 from .reference import _check_shapes
+from .triton_gates import append_gate_sum, previous_gate_sum
 
 try:  # grid dependency control (programmatic dependent launch), Triton >= 3.3
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -139,10 +140,9 @@ def _ring_coefs(q_base, sq_k, k_base, sk_k, g_base, sg_k, kb_base, skb_l, skb_k,
         if KDA:
             gv = tl.load(g_base + offs_k * sg_k, mask=mk, other=0.0).to(tl.float32)
             gm = tl.load(gb_base + offs_k[:, None] * sgb_k + offs_l[None, :] * sgb_l,
-                         mask=mk[:, None] & inl[None, :], other=0.0).to(tl.float32)
-            gm = tl.where(ml[None, :], gm, 0.0)
-            gt = tl.sum(gm, axis=1) + gv  # G_c per key channel
-            kw = kw * tl.exp(gt[:, None] - tl.cumsum(gm, axis=1))
+                         mask=mk[:, None] & inl[None, :], other=0.0).to(tl.float32)  # running sums G_j
+            gt = previous_gate_sum(gb_base, sgb_l, sgb_k, offs_k, mk, c) + gv  # G_c per key channel
+            kw = kw * tl.exp(gt[:, None] - gm)  # stale slots (>= c) are selected away below
             dvec = tl.exp(gt)
         else:
             dvec = tl.zeros([BK], dtype=tl.float32) + dsc
@@ -199,8 +199,7 @@ def _delta_coef_kernel(
 
     WINDOWS (KDA, 1-3): ring windows a program picks from by its cursor, fixed at compile time
     (the cursor is not): the whole one, then half (rows with ``c <= LP / 2``), then a quarter
-    (``c <= LP / 4``); a narrower window has proportionally fewer exps, cumulative sums and
-    products.
+    (``c <= LP / 4``); a narrower window has proportionally fewer exps and products.
     SKIP_IDLE / SKIP_FLUSH: idle rows (``c < 0``; nothing uses their scratch) / flush rows
     (``c == L - 1``; with ``flush_output`` the flush launch computes their step itself) write
     nothing but the next cursor; without them they are computed (an idle row with an empty ring).
@@ -449,8 +448,8 @@ def _delta_output_kernel(
                 _copy_vector(k_ptr + b * sk_b + hk * sk_h, sk_k, kb_ptr + b * skb_b + hk * skb_h + c * skb_l, skb_k,
                              K, BK, NK)
             if KDA:
-                _copy_vector(g_ptr + b * sg_b + h * sg_h, sg_k, gb_ptr + b * sgb_b + h * sgb_h + c * sgb_l, sgb_k,
-                             K, BK, NK)
+                append_gate_sum(g_ptr + b * sg_b + h * sg_h, sg_k, gb_ptr + b * sgb_b + h * sgb_h, sgb_l, sgb_k, c,
+                                K, BK, NK)
             else:
                 gs = tl.load(g_ptr + b * sg_b + h * sg_h)
                 tl.store(gb_ptr + b * sgb_b + h * sgb_h + c * sgb_l, gs.to(gb_ptr.dtype.element_ty))
@@ -496,8 +495,8 @@ def _delta_flush_kernel(
     without flush rows costs one small load per program and flush work spreads over every
     program whether 1 row or all flush. An item is a (flush row, value head, column block), or
     with HEAD_ITEMS a (flush row, value head) whose column blocks the program walks in turn: the
-    ring keys (and, for KDA, the per-channel decay weights with their exps and cumulative sums)
-    are then loaded and computed once per head instead of once per column block.
+    ring keys (and, for KDA, the per-channel decay weights with their exps) are then loaded and
+    computed once per head instead of once per column block.
 
     BF16_SPLIT: the buffered terms are three bf16 tensor-core products, one operand exact in
     bf16 and the other, decay-weighted one split into three bf16 terms (hi + mid + lo carry 24
@@ -568,9 +567,9 @@ def _delta_flush_kernel(
             if KDA:
                 gv = tl.load(g_base + offs_k * sg_k, mask=mk, other=0.0).to(tl.float32)
                 gm = tl.load(gb_base + offs_k[:, None] * sgb_k + offs_l[None, :] * sgb_l,
-                             mask=mk[:, None] & ml[None, :], other=0.0).to(tl.float32)
-                gt = tl.sum(gm, axis=1) + gv
-                kw = kw.to(tl.float32) * tl.exp(gt[:, None] - tl.cumsum(gm, axis=1))
+                             mask=mk[:, None] & ml[None, :], other=0.0).to(tl.float32)  # running sums G_j
+                gt = previous_gate_sum(gb_base, sgb_l, sgb_k, offs_k, mk, L - 1) + gv  # G_{L-1}
+                kw = kw.to(tl.float32) * tl.exp(gt[:, None] - gm)
                 dk = tl.exp(gt)
                 if BF16_SPLIT:
                     k_hi, k_mid, k_lo = _bf16_split3(kw)

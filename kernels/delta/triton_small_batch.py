@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from .reference import _check_shapes
+from .triton_gates import previous_gate_sum
 
 __all__ = ["delta_replay_decode_small_batch"]
 
@@ -102,12 +103,11 @@ def _delta_small_batch_kernel(
                  mask=ml[:, None] & mv[None, :], other=0.0).to(tl.float32)  # (LP, BV)
     kw = tl.load(kb_base + offs_k[:, None] * skb_k + offs_l[None, :] * skb_l,
                  mask=mk[:, None] & ml[None, :], other=0.0).to(tl.float32)  # (BK, LP) keys^T
-    if KDA:
+    if KDA:  # the gate ring holds the running sums G_j
         rhs = ub
-        gh = tl.load(gb_base + offs_k[:, None] * sgb_k + offs_l[None, :] * sgb_l,
-                     mask=mk[:, None] & ml[None, :], other=0.0).to(tl.float32)  # (BK, LP)
-        gcum = tl.cumsum(gh, axis=1)
-        gt = tl.sum(gh, axis=1) + gv  # G_c per key channel
+        gcum = tl.load(gb_base + offs_k[:, None] * sgb_k + offs_l[None, :] * sgb_l,
+                       mask=mk[:, None] & ml[None, :], other=0.0).to(tl.float32)  # (BK, LP)
+        gt = previous_gate_sum(gb_base, sgb_l, sgb_k, offs_k, mk, cc) + gv  # G_c per key channel
         kw = kw * tl.exp(gt[:, None] - gcum)
     else:
         gh = tl.load(gb_base + offs_l * sgb_l, mask=ml, other=0.0).to(tl.float32)  # (LP,)
@@ -127,11 +127,10 @@ def _delta_small_batch_kernel(
         for j in range(0, L - 1):
             kj = tl.load(kb_base + j * skb_l + offs_k * skb_k, mask=mk, other=0.0).to(tl.float32)
             uj = tl.load(ub_base + j * sub_l + offs_v * sub_v, mask=mv, other=0.0).to(tl.float32)
-            if KDA:
-                gj = tl.load(gb_base + j * sgb_l + offs_k * sgb_k, mask=mk, other=0.0).to(tl.float32)
+            if KDA:  # G_j itself
+                gcum_j = tl.load(gb_base + j * sgb_l + offs_k * sgb_k, mask=mk, other=0.0).to(tl.float32)
             else:
-                gj = tl.load(gb_base + j * sgb_l).to(tl.float32)
-            gcum_j += gj
+                gcum_j += tl.load(gb_base + j * sgb_l).to(tl.float32)
             acc += (kj * tl.exp(gt - gcum_j))[:, None] * uj[None, :]
         r = tl.sum(acc * kv[:, None], axis=0)
         hq = tl.sum(acc * qv[:, None], axis=0)
@@ -147,8 +146,8 @@ def _delta_small_batch_kernel(
         u = beta * (vv - r)
         o = hq + kq * u
     tl.store(kb_base + cc * skb_l + offs_k * skb_k, kv.to(kb_ptr.dtype.element_ty), mask=offs_k < k_lim_kbuf)
-    if KDA:
-        tl.store(gb_base + cc * sgb_l + offs_k * sgb_k, gv.to(gb_ptr.dtype.element_ty), mask=offs_k < k_lim_gbuf)
+    if KDA:  # G_c
+        tl.store(gb_base + cc * sgb_l + offs_k * sgb_k, gt.to(gb_ptr.dtype.element_ty), mask=offs_k < k_lim_gbuf)
     else:
         tl.store(gb_base + cc * sgb_l, gc.to(gb_ptr.dtype.element_ty), mask=k_lim_gbuf > 0)
     tl.store(ub_base + cc * sub_l + offs_v * sub_v, u.to(ub_ptr.dtype.element_ty), mask=offs_v < v_lim_append)

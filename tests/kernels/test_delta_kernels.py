@@ -55,6 +55,8 @@ def _setup(gen, Bt, Hk, HV, K, V, L, kda, c0):
             u_buf[b, :, j] = torch.randn(HV, V, generator=gen)
             k_buf[b, :, j] = _l2n(torch.randn(Hk, K, generator=gen))
             g_buf[b, :, j] = -torch.rand(g_buf[b, :, j].shape, generator=gen) * 0.3
+            if kda and j > 0:  # KDA's gate ring holds running sums
+                g_buf[b, :, j] += g_buf[b, :, j - 1]
     cursor = torch.tensor(c0, dtype=torch.int32)
     return [t.to(DEV) for t in (state, u_buf, k_buf, g_buf, cursor)]
 

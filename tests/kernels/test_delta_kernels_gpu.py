@@ -70,6 +70,8 @@ def _setup(gen, Bt, Hk, HV, K, V, L, kda, state_dtype, act, c0):
             u_buf[b, :, j] = torch.randn(HV, V, generator=gen, device=DEV).to(act)
             k_buf[b, :, j] = _l2n(torch.randn(Hk, K, generator=gen, device=DEV)).to(act)
             g_buf[b, :, j] = -torch.rand(g_buf[b, :, j].shape, generator=gen, device=DEV) * 0.2
+            if kda and j > 0:  # KDA's gate ring holds running sums
+                g_buf[b, :, j] += g_buf[b, :, j - 1]
     cursor = torch.tensor(c0, dtype=torch.int32, device=DEV)
     return [state, u_buf, k_buf, g_buf, cursor]
 
@@ -174,8 +176,9 @@ def test_flush_product_exact_with_bf16_rings(shape, split, head_items):
     s0 = state.double()
     kr = k_buf.double().repeat_interleave(grp, 1)[:, :, : L - 1]  # (Bt, HV, L-1, K)
     ur, gr = u_buf.double()[:, :, : L - 1], g_buf.double()[:, :, : L - 1]
-    gc = gr.sum(2) + g.double()  # (Bt, HV) or, KDA, (Bt, HV, K)
-    w = torch.exp(gc[:, :, None] - gr.cumsum(2))
+    gcum = gr if kda else gr.cumsum(2)  # KDA's ring holds the running sums G_j, GDN's the g_j
+    gc = gcum[:, :, -1] + g.double()  # (Bt, HV) or, KDA, (Bt, HV, K)
+    w = torch.exp(gc[:, :, None] - gcum)
     if kda:
         a = torch.exp(gc)[..., None] * s0 + torch.einsum("bhjk,bhjk,bhjv->bhkv", kr, w, ur)
     else:

@@ -79,7 +79,8 @@ def _run_cycle(Bt, Hk, HV, K, V, L, kda, c0, idle_rows=(), steps=None, seed=0):
             uj = torch.randn(1, HV, V, generator=gen)
             k_buf[b, :, j] = kj[0]
             u_buf[b, :, j] = uj[0]
-            g_buf[b, :, j] = gj[0]
+            # KDA's ring holds the running sums of the decays (G_j = G_{j-1} + g_j), GDN's the decays
+            g_buf[b, :, j] = gj[0] + (g_buf[b, :, j - 1] if kda and j > 0 else 0.0)
             for h in range(HV):
                 kh = kj[0, h // (HV // Hk)]
                 dec = torch.exp(gj[0, h])
@@ -117,7 +118,11 @@ def _run_cycle(Bt, Hk, HV, K, V, L, kda, c0, idle_rows=(), steps=None, seed=0):
                 assert torch.equal(state[b], before[0][b])
                 torch.testing.assert_close(u_buf[b, :, cb], u_exact[b], atol=ATOL, rtol=RTOL)
                 assert torch.equal(k_buf[b, :, cb], k[b])
-                assert torch.equal(g_buf[b, :, cb], g[b])
+                if kda:  # G_c = G_{c-1} + g_c
+                    prev = before[3][b, :, cb - 1] if cb > 0 else torch.zeros_like(g[b])
+                    assert torch.equal(g_buf[b, :, cb], prev + g[b])
+                else:
+                    assert torch.equal(g_buf[b, :, cb], g[b])
                 others = [j for j in range(L) if j != cb]
                 assert torch.allclose(u_buf[b, :, others], before[1][b, :, others], equal_nan=True, rtol=0, atol=0)
         # Idle rows: nothing of theirs changed (NaN-aware equality).
