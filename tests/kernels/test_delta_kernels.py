@@ -211,6 +211,29 @@ def test_replay_kernel_matches_reference(case):
     assert torch.all(out_k[2] == 3.0)  # the idle row's output was never written
 
 
+@pytest.mark.parametrize("one_launch", [False, True], ids=["separate-launches", "one-launch"])
+@pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
+def test_rollback_matches_reference(kda, one_launch):
+    """A speculative-decoding rollback (cursors moved back by 2 and 3 after 4 verified drafted
+    tokens) followed by more steps, a flush among them: the kernels stay equal to the reference
+    (whose rollback test compares with the exact recurrence over the accepted tokens)."""
+    gen = torch.Generator().manual_seed(8)
+    Bt, Hk, HV, K, V, L = 2, 2, 2, 20, 24, 8
+    ker = _setup(gen, Bt, Hk, HV, K, V, L, kda, [3, 2])
+    ref = [t.clone() for t in ker]
+    for step in range(4 + 2 * L):
+        if step == 4:
+            for bufs in (ker, ref):
+                bufs[-1] -= torch.tensor([2, 3], dtype=torch.int32, device=DEV)
+        x = _token(gen, Bt, Hk, HV, K, V, kda)
+        _same(delta_replay_decode_triton(*x, *ker, one_launch=one_launch), delta_replay_decode_reference(*x, *ref))
+        for a, b in zip(ker, ref):
+            if a.dtype == torch.int32:
+                assert torch.equal(a, b)
+            else:
+                _same(a, b)
+
+
 def test_small_batches_default_to_one_launch(monkeypatch):
     """Batches up to SMALL_BATCH_MAX rows run the one-launch kernel unless told otherwise; the
     separate launches' knobs reach it only when it was asked for (``one_launch=True``)."""

@@ -220,3 +220,38 @@ def test_out_none_zeroes_idle_rows_and_shapes_are_checked():
     assert torch.equal(o[1], torch.zeros_like(o[1]))
     with pytest.raises(ValueError):
         delta_replay_decode_reference(q, k, v[:, :1], g, beta, state, u_buf, k_buf, g_buf, cursor)
+
+
+@pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
+def test_rollback_is_a_cursor_move(kda):
+    """Speculative decoding: 4 drafted tokens are verified, then row 0 rejects the last 2 and
+    row 1 the last 3. Moving each cursor back by that much (no flush in between) leaves the layer
+    exactly where the accepted tokens alone would have: the later steps (a flush among them) and
+    the materialized state match the exact recurrence over the accepted tokens only. For KDA this
+    also shows that the kept slots' running gate sums stay valid."""
+    gen = torch.Generator().manual_seed(6)
+    Bt, Hk, HV, K, V, L = 2, 2, (2 if kda else 4), 8, 6, 8
+    state = torch.randn(Bt, HV, K, V, generator=gen)
+    exact = state.clone()
+    u_buf, k_buf, g_buf = _empty_ring(Bt, Hk, HV, K, V, L, kda)
+    cursor = torch.zeros(Bt, dtype=torch.int32)
+    for _ in range(3):  # accepted by both rows
+        tok = _token(gen, Bt, Hk, HV, K, V, kda)
+        _recurrence(exact, *tok)
+        delta_replay_decode_reference(*tok, state, u_buf, k_buf, g_buf, cursor)
+    drafted = [_token(gen, Bt, Hk, HV, K, V, kda) for _ in range(4)]
+    for tok in drafted:  # the verification pass, one step per drafted token
+        delta_replay_decode_reference(*tok, state, u_buf, k_buf, g_buf, cursor)
+    assert cursor.tolist() == [7, 7]
+    accepted = [2, 1]
+    for b, n in enumerate(accepted):
+        for tok in drafted[:n]:
+            _recurrence(exact[b:b + 1], *[t[b:b + 1] for t in tok])
+    cursor -= torch.tensor([4 - n for n in accepted], dtype=torch.int32)  # the rollback
+    for step in range(2 * L):
+        tok = _token(gen, Bt, Hk, HV, K, V, kda)
+        o_exact, _ = _recurrence(exact, *tok)
+        o = delta_replay_decode_reference(*tok, state, u_buf, k_buf, g_buf, cursor)
+        torch.testing.assert_close(o, o_exact, atol=ATOL, rtol=RTOL)
+    st = delta_replay_materialize_reference(state, u_buf, k_buf, g_buf, cursor)
+    torch.testing.assert_close(st, exact, atol=ATOL, rtol=RTOL)
