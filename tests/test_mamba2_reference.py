@@ -145,3 +145,41 @@ def test_tolerance_catches_a_wrong_flush():
     torch.testing.assert_close(state.double(), S_exact, rtol=1e-4, atol=1e-4)
     with pytest.raises(AssertionError):
         torch.testing.assert_close(wrong.double(), S_exact, rtol=1e-4, atol=1e-4)
+
+
+def test_rollback_is_a_cursor_move():
+    """Speculative decoding: 4 drafted tokens are verified, then row 0 rejects the last 2 and
+    row 1 the last 3. Moving each cursor back by that much (no flush in between) leaves the layer
+    exactly where the accepted tokens alone would have: the later steps (a flush among them) and
+    the materialized state match the float64 recurrence over the accepted tokens only."""
+    Bsz, H, P, N, G, L = 2, 4, 4, 6, 2, 8
+    g, A, dt_bias, D, S0, (xb, dtb, bb) = make_problem(Bsz, H, P, N, G, L, seed=11)
+    state = S0.clone()
+    cursor = torch.zeros(Bsz, dtype=torch.int32)
+    S_exact = S0.double()
+
+    def token():
+        return (torch.randn(Bsz, H, P, generator=g), torch.randn(Bsz, H, generator=g),
+                torch.randn(Bsz, G, N, generator=g), torch.randn(Bsz, G, N, generator=g))
+
+    for _ in range(3):  # accepted by both rows
+        x, dt, B, C = token()
+        mamba2_replay_decode_reference(x, dt, B, C, state, xb, dtb, bb, cursor, A, dt_bias, D, None)
+        S_exact, _ = oracle_step(S_exact, x, dt, B, C, A, dt_bias, D, None)
+    drafted = [token() for _ in range(4)]
+    for x, dt, B, C in drafted:  # the verification pass, one step per drafted token
+        mamba2_replay_decode_reference(x, dt, B, C, state, xb, dtb, bb, cursor, A, dt_bias, D, None)
+    assert cursor.tolist() == [7, 7]
+    accepted = [2, 1]
+    for b, n in enumerate(accepted):
+        for tok in drafted[:n]:
+            row, _ = oracle_step(S_exact[b:b + 1], *[t[b:b + 1] for t in tok], A, dt_bias, D, None)
+            S_exact[b] = row[0]
+    cursor -= torch.tensor([4 - n for n in accepted], dtype=torch.int32)  # the rollback
+    for _ in range(2 * L):
+        x, dt, B, C = token()
+        y = mamba2_replay_decode_reference(x, dt, B, C, state, xb, dtb, bb, cursor, A, dt_bias, D, None)
+        S_exact, y_exact = oracle_step(S_exact, x, dt, B, C, A, dt_bias, D, None)
+        torch.testing.assert_close(y.double(), y_exact, rtol=1e-4, atol=1e-4)
+    exact = mamba2_replay_materialize_reference(state, xb, dtb, bb, cursor, A)
+    torch.testing.assert_close(exact.double(), S_exact, rtol=1e-4, atol=1e-4)

@@ -49,6 +49,28 @@ def test_replay_fp32_trajectory(Bt, H, P, N, G, L, cursors, opt, strided):
     assert worst["y_exact"] < 1e-4 and worst["state_exact"] < 1e-4, worst
 
 
+def test_replay_rollback_matches_reference():
+    """A speculative-decoding rollback (cursors moved back by 2 and 3 after 4 verified drafted
+    tokens) and more steps, a flush among them: the kernel stays equal to the reference (whose
+    rollback test compares with the float64 recurrence over the accepted tokens)."""
+    from replayssm.kernels.mamba2 import mamba2_replay_decode_reference
+
+    prob = Problem(2, 4, 16, 16, 2, 8, torch.float32, torch.float32, DEV, [3, 2], seed=21)
+    ref = prob.clone()
+    for step in range(4 + 16):
+        if step == 4:
+            for p in (prob, ref):
+                p.cursor -= torch.tensor([2, 3], dtype=torch.int32, device=DEV)
+        x, dt, B, C, z = prob.inputs()
+        args = (prob.A, prob.dt_bias, prob.D, z)
+        y_k = _replay()(x, dt, B, C, *prob.mutable(), *args)
+        y_r = mamba2_replay_decode_reference(x, dt, B, C, *ref.mutable(), *args)
+        rtol, atol = FP32_TOL
+        assert_close(y_k, y_r, rtol=rtol, atol=atol)
+        for a, b in zip(prob.mutable(), ref.mutable()):
+            assert_close(a, b, equal_nan=True, rtol=rtol, atol=atol)
+
+
 def test_replay_out_none_zeroes_idle_rows():
     prob = Problem(3, 2, 16, 16, 1, 2, torch.float32, torch.float32, DEV, [1, -1, 0], seed=5)
     check_replay_trajectory(_replay(), prob, steps=3, use_out=False)
