@@ -183,3 +183,41 @@ def test_rollback_is_a_cursor_move():
         torch.testing.assert_close(y.double(), y_exact, rtol=1e-4, atol=1e-4)
     exact = mamba2_replay_materialize_reference(state, xb, dtb, bb, cursor, A)
     torch.testing.assert_close(exact.double(), S_exact, rtol=1e-4, atol=1e-4)
+
+
+def test_random_rollbacks_track_the_accepted_stream():
+    """40 rounds of speculation: each row drafts 1-4 tokens when they fit before its flush slot
+    (else it takes one ordinary step), verifies them one step each, accepts a random prefix and
+    moves its cursor back over the rest. Every accepted token's output, and the materialized
+    state at the end, equal the float64 recurrence over the accepted stream alone."""
+    Bsz, H, P, N, G, L = 3, 4, 4, 6, 2, 6
+    g, A, dt_bias, D, S0, (xb, dtb, bb) = make_problem(Bsz, H, P, N, G, L, seed=12)
+    state = S0.clone()
+    cursor = torch.zeros(Bsz, dtype=torch.int32)
+    S_exact = S0.double()
+    rollbacks = 0
+    for _ in range(40):
+        c = cursor.clone()
+        drafts = torch.randint(1, 5, (Bsz,), generator=g)
+        spec = c + drafts <= L - 1  # verification steps stay before the flush slot
+        drafts = torch.where(spec, drafts, torch.ones_like(drafts))
+        accepted = torch.where(spec, torch.randint(0, 5, (Bsz,), generator=g) % (drafts + 1), drafts)
+        for t in range(int(drafts.max())):
+            x, dt = torch.randn(Bsz, H, P, generator=g), torch.randn(Bsz, H, generator=g)
+            B, C = torch.randn(Bsz, G, N, generator=g), torch.randn(Bsz, G, N, generator=g)
+            run = t < drafts  # rows still verifying; the others sit idle
+            saved = cursor.clone()
+            cursor.copy_(torch.where(run, cursor, torch.full_like(cursor, -1)))
+            y = mamba2_replay_decode_reference(x, dt, B, C, state, xb, dtb, bb, cursor, A, dt_bias, D, None)
+            cursor.copy_(torch.where(run, cursor, saved))
+            for b in range(Bsz):
+                if run[b] and t < accepted[b]:
+                    row, y_e = oracle_step(S_exact[b:b + 1], x[b:b + 1], dt[b:b + 1], B[b:b + 1], C[b:b + 1], A,
+                                           dt_bias, D, None)
+                    S_exact[b] = row[0]
+                    torch.testing.assert_close(y[b:b + 1].double(), y_e, rtol=1e-4, atol=1e-4)
+        rollbacks += int((drafts - accepted).gt(0).sum())
+        cursor -= (drafts - accepted).to(torch.int32)  # the rollback (0 for rows that flushed)
+    assert rollbacks >= 20
+    exact = mamba2_replay_materialize_reference(state, xb, dtb, bb, cursor, A)
+    torch.testing.assert_close(exact.double(), S_exact, rtol=1e-4, atol=1e-4)

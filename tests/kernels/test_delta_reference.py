@@ -255,3 +255,40 @@ def test_rollback_is_a_cursor_move(kda):
         torch.testing.assert_close(o, o_exact, atol=ATOL, rtol=RTOL)
     st = delta_replay_materialize_reference(state, u_buf, k_buf, g_buf, cursor)
     torch.testing.assert_close(st, exact, atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
+def test_random_rollbacks_track_the_accepted_stream(kda):
+    """40 rounds of speculation: each row drafts 1-4 tokens when they fit before its flush slot
+    (else it takes one ordinary step), verifies them one step each, accepts a random prefix and
+    moves its cursor back over the rest. Every accepted token's output, and the materialized
+    state at the end, equal the exact recurrence over the accepted stream alone."""
+    gen = torch.Generator().manual_seed(9)
+    Bt, Hk, HV, K, V, L = 3, 2, (2 if kda else 4), 8, 6, 6
+    state = torch.randn(Bt, HV, K, V, generator=gen)
+    exact = state.clone()
+    u_buf, k_buf, g_buf = _empty_ring(Bt, Hk, HV, K, V, L, kda)
+    cursor = torch.zeros(Bt, dtype=torch.int32)
+    rollbacks = 0
+    for _ in range(40):
+        c = cursor.clone()
+        drafts = torch.randint(1, 5, (Bt,), generator=gen)
+        spec = c + drafts <= L - 1  # verification steps stay before the flush slot
+        drafts = torch.where(spec, drafts, torch.ones_like(drafts))
+        accepted = torch.where(spec, torch.randint(0, 5, (Bt,), generator=gen) % (drafts + 1), drafts)
+        for t in range(int(drafts.max())):
+            tok = _token(gen, Bt, Hk, HV, K, V, kda)
+            run = t < drafts  # rows still verifying
+            before = (state.clone(), u_buf.clone(), k_buf.clone(), g_buf.clone(), cursor.clone())
+            cursor.copy_(torch.where(run, cursor, torch.full_like(cursor, -1)))  # the others sit idle
+            o = delta_replay_decode_reference(*tok, state, u_buf, k_buf, g_buf, cursor)
+            cursor.copy_(torch.where(run, cursor, before[4]))
+            for b in range(Bt):
+                if run[b] and t < accepted[b]:
+                    o_e, _ = _recurrence(exact[b:b + 1], *[x[b:b + 1] for x in tok])
+                    torch.testing.assert_close(o[b:b + 1], o_e, atol=ATOL, rtol=RTOL)
+        rollbacks += int((drafts - accepted).gt(0).sum())
+        cursor -= (drafts - accepted).to(torch.int32)  # the rollback (0 for rows that flushed)
+    assert rollbacks >= 20
+    st = delta_replay_materialize_reference(state, u_buf, k_buf, g_buf, cursor)
+    torch.testing.assert_close(st, exact, atol=ATOL, rtol=RTOL)
