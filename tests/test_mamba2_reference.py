@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from speculation import draft_plan, step_rows
 
 from replayssm.kernels.mamba2 import (
     mamba2_replay_decode_reference,
@@ -197,19 +198,13 @@ def test_random_rollbacks_track_the_accepted_stream():
     S_exact = S0.double()
     rollbacks = 0
     for _ in range(40):
-        c = cursor.clone()
-        drafts = torch.randint(1, 5, (Bsz,), generator=g)
-        spec = c + drafts <= L - 1  # verification steps stay before the flush slot
-        drafts = torch.where(spec, drafts, torch.ones_like(drafts))
-        accepted = torch.where(spec, torch.randint(0, 5, (Bsz,), generator=g) % (drafts + 1), drafts)
+        drafts, accepted = draft_plan(g, cursor, L)
         for t in range(int(drafts.max())):
             x, dt = torch.randn(Bsz, H, P, generator=g), torch.randn(Bsz, H, generator=g)
             B, C = torch.randn(Bsz, G, N, generator=g), torch.randn(Bsz, G, N, generator=g)
             run = t < drafts  # rows still verifying; the others sit idle
-            saved = cursor.clone()
-            cursor.copy_(torch.where(run, cursor, torch.full_like(cursor, -1)))
-            y = mamba2_replay_decode_reference(x, dt, B, C, state, xb, dtb, bb, cursor, A, dt_bias, D, None)
-            cursor.copy_(torch.where(run, cursor, saved))
+            y = step_rows(cursor, run, lambda: mamba2_replay_decode_reference(x, dt, B, C, state, xb, dtb, bb, cursor,
+                                                                             A, dt_bias, D, None))
             for b in range(Bsz):
                 if run[b] and t < accepted[b]:
                     row, y_e = oracle_step(S_exact[b:b + 1], x[b:b + 1], dt[b:b + 1], B[b:b + 1], C[b:b + 1], A,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from speculation import draft_plan, step_rows
 
 from replayssm.kernels.delta import (
     delta_replay_decode_reference,
@@ -64,6 +65,12 @@ def _empty_ring(Bt, Hk, HV, K, V, L, kda, buf_dtype=torch.float32):
     k_buf = torch.full((Bt, Hk, L, K), float("nan"), dtype=buf_dtype)
     g_buf = torch.full((Bt, HV, L, K) if kda else (Bt, HV, L), float("nan"))
     return u_buf, k_buf, g_buf
+
+
+def _fresh_layer(gen, Bt, Hk, HV, K, V, L, kda):
+    """A random checkpoint, its exact copy, empty NaN-poisoned rings and cursors at 0."""
+    state = torch.randn(Bt, HV, K, V, generator=gen)
+    return state, state.clone(), _empty_ring(Bt, Hk, HV, K, V, L, kda), torch.zeros(Bt, dtype=torch.int32)
 
 
 def _run_cycle(Bt, Hk, HV, K, V, L, kda, c0, idle_rows=(), steps=None, seed=0):
@@ -231,10 +238,7 @@ def test_rollback_is_a_cursor_move(kda):
     also shows that the kept slots' running gate sums stay valid."""
     gen = torch.Generator().manual_seed(6)
     Bt, Hk, HV, K, V, L = 2, 2, (2 if kda else 4), 8, 6, 8
-    state = torch.randn(Bt, HV, K, V, generator=gen)
-    exact = state.clone()
-    u_buf, k_buf, g_buf = _empty_ring(Bt, Hk, HV, K, V, L, kda)
-    cursor = torch.zeros(Bt, dtype=torch.int32)
+    state, exact, (u_buf, k_buf, g_buf), cursor = _fresh_layer(gen, Bt, Hk, HV, K, V, L, kda)
     for _ in range(3):  # accepted by both rows
         tok = _token(gen, Bt, Hk, HV, K, V, kda)
         _recurrence(exact, *tok)
@@ -265,24 +269,14 @@ def test_random_rollbacks_track_the_accepted_stream(kda):
     state at the end, equal the exact recurrence over the accepted stream alone."""
     gen = torch.Generator().manual_seed(9)
     Bt, Hk, HV, K, V, L = 3, 2, (2 if kda else 4), 8, 6, 6
-    state = torch.randn(Bt, HV, K, V, generator=gen)
-    exact = state.clone()
-    u_buf, k_buf, g_buf = _empty_ring(Bt, Hk, HV, K, V, L, kda)
-    cursor = torch.zeros(Bt, dtype=torch.int32)
+    state, exact, (u_buf, k_buf, g_buf), cursor = _fresh_layer(gen, Bt, Hk, HV, K, V, L, kda)
     rollbacks = 0
     for _ in range(40):
-        c = cursor.clone()
-        drafts = torch.randint(1, 5, (Bt,), generator=gen)
-        spec = c + drafts <= L - 1  # verification steps stay before the flush slot
-        drafts = torch.where(spec, drafts, torch.ones_like(drafts))
-        accepted = torch.where(spec, torch.randint(0, 5, (Bt,), generator=gen) % (drafts + 1), drafts)
+        drafts, accepted = draft_plan(gen, cursor, L)
         for t in range(int(drafts.max())):
             tok = _token(gen, Bt, Hk, HV, K, V, kda)
-            run = t < drafts  # rows still verifying
-            before = (state.clone(), u_buf.clone(), k_buf.clone(), g_buf.clone(), cursor.clone())
-            cursor.copy_(torch.where(run, cursor, torch.full_like(cursor, -1)))  # the others sit idle
-            o = delta_replay_decode_reference(*tok, state, u_buf, k_buf, g_buf, cursor)
-            cursor.copy_(torch.where(run, cursor, before[4]))
+            run = t < drafts  # rows still verifying; the others sit idle
+            o = step_rows(cursor, run, lambda: delta_replay_decode_reference(*tok, state, u_buf, k_buf, g_buf, cursor))
             for b in range(Bt):
                 if run[b] and t < accepted[b]:
                     o_e, _ = _recurrence(exact[b:b + 1], *[x[b:b + 1] for x in tok])
