@@ -128,3 +128,38 @@ def test_delta_one_step_smoke_run():
                              timeout=300)
         assert bad.returncode == 2 and message in bad.stderr, (args, bad.stderr[-500:])
         assert "Traceback" not in bad.stderr
+
+
+def test_decode_benchmark_smoke_run(tmp_path):
+    """examples/benchmarks/bench_decode.py --smoke (tiny Qwen3.5 on CPU, bf16 weights, an fp32 oracle):
+    every variant runs, the table and JSON are written, and ReplaySSM is no further from the fp32
+    model than the stock bf16 model is; bad arguments get one line and exit status 2."""
+    import json
+    import os
+
+    script = str(ROOT / "examples" / "benchmarks" / "bench_decode.py")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", REPLAYSSM_CACHE=str(tmp_path / "c"))
+    proc = subprocess.run([sys.executable, script, "--smoke", "--models", "smoke-qwen3.5", "--dtype", "bfloat16",
+                           "--reference", "--out", str(tmp_path / "o")], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads((tmp_path / "o" / "decode_bench.json").read_text())
+    assert data["meta"]["reference"] is True and data["meta"]["dtype"] == "bfloat16"
+    (res,) = data["results"]
+    (row,) = res["rows"]
+    assert row["batch"] == 2 and row["stock_wall_us"] > 0 and row["replay_wall_us"] > 0
+    assert row["stock_device_us"] is None  # no CUDA: no kernel trace
+    assert 0.5 <= row["argmax_agree"] <= 1.0 and 0 < row["dlogit"] < 0.5
+    assert 0 < row["dlogit_stock_ref"] < 0.5
+    assert row["dlogit_replay_ref"] <= 1.5 * row["dlogit_stock_ref"]
+    assert row["argmax_replay_ref"] >= row["argmax_stock_ref"] - 0.1
+    md = (tmp_path / "o" / "decode_bench.md").read_text()
+    assert "| batch | stock wall µs |" in md and "Against the stock model with fp32 weights" in md
+    for args, message in ((["--smoke", "--models", "nope"], "--models: unknown nope"),
+                          (["--smoke", "--batches", "0"], "must be positive"),
+                          ([], "needs a CUDA device")):
+        bad = subprocess.run([sys.executable, script, *args, "--out", str(tmp_path / "bad")], capture_output=True,
+                             text=True, env=dict(env, CUDA_VISIBLE_DEVICES=""), timeout=300)
+        assert bad.returncode == 2 and message in bad.stderr, (args, bad.stderr[-500:])
+        assert "Traceback" not in bad.stderr
+    assert not (tmp_path / "bad").exists()
