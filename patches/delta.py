@@ -17,16 +17,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from replayssm.kernels.delta import delta_replay_decode, delta_replay_materialize
+from replayssm.kernels.delta import delta_replay_decode, delta_replay_materialize, l2norm_qk
 
 from . import compat
 from .base import ReplayMixin, apply_padding_mask
 from .cache_state import ReplayBuffers
-
-
-def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    x = x.float()
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
 class _DeltaReplayMixin(ReplayMixin):
@@ -38,8 +33,7 @@ class _DeltaReplayMixin(ReplayMixin):
 
     def _run_kernel(self, layer, buffers, q, k, v, g, beta):
         t = buffers.tensors
-        q = _l2norm(q) * (q.shape[-1] ** -0.5)
-        k = _l2norm(k)
+        q, k = l2norm_qk(q, k, q.shape[-1] ** -0.5, backend=self.replay_options.backend)
         return delta_replay_decode(q, k, v, g, beta, compat.recurrent_state(layer), t["u_buf"], t["k_buf"],
                                    t["g_buf"], buffers.cursor, backend=self.replay_options.backend)
 

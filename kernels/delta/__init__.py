@@ -22,6 +22,7 @@ from .reference import (
     delta_replay_decode_reference,
     delta_replay_materialize_reference,
     delta_step_decode_reference,
+    l2norm_qk_reference,
 )
 
 __all__ = [
@@ -31,6 +32,8 @@ __all__ = [
     "delta_replay_materialize_reference",
     "delta_step_decode",
     "delta_step_decode_reference",
+    "l2norm_qk",
+    "l2norm_qk_reference",
 ]
 
 
@@ -51,6 +54,17 @@ def delta_replay_decode(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, ou
 
         return delta_replay_decode_triton(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out)
     return delta_replay_decode_reference(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out)
+
+
+def l2norm_qk(q, k, q_scale: float, eps: float = 1e-6, *, backend: str = "auto"):
+    """q, k (Bt, H, K) -> L2-normalised fp32 copies, q times ``q_scale``; one launch on the
+    Triton backend (see ``l2norm_qk_reference``). Under ``torch.compile`` the PyTorch
+    reference, which the compiler fuses itself."""
+    if not _compiling() and resolve_backend(backend, q.device) == "triton":
+        from .triton_norm import l2norm_qk_triton
+
+        return l2norm_qk_triton(q, k, q_scale, eps)
+    return l2norm_qk_reference(q, k, q_scale, eps)
 
 
 def delta_step_decode(q, k, v, g, beta, state, *, backend: str = "auto") -> torch.Tensor:

@@ -47,10 +47,24 @@ import torch
 
 __all__ = [
     "kda_gate_total",
+    "l2norm_qk_reference",
     "delta_replay_decode_reference",
     "delta_replay_materialize_reference",
     "delta_step_decode_reference",
 ]
+
+
+def l2norm_qk_reference(q: torch.Tensor, k: torch.Tensor, q_scale: float, eps: float = 1e-6):
+    """q, k (Bt, H, K), any float dtype -> (q_n, k_n) fp32 (Bt, H, K): each vector times
+    ``rsqrt(sum(x^2) + eps)`` in fp32 (Hugging Face's ``l2norm``), q then times ``q_scale``."""
+    if q.shape != k.shape or q.dim() != 3:
+        raise ValueError(f"q and k must both be (Bt, H, K), got {tuple(q.shape)} and {tuple(k.shape)}")
+
+    def norm(x):
+        x = x.float()
+        return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+    return norm(q) * q_scale, norm(k)
 
 
 def _check_shapes(q, k, v, g, beta, state, u_buf, k_buf, g_buf):

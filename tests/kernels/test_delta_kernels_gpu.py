@@ -329,3 +329,19 @@ def test_torch_compile_fullgraph(shape, Bt):
         for a, b in zip(comp, eager):
             assert torch.equal(a.nan_to_num(), b.nan_to_num())
         assert torch.equal(st_c, st_e)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16, F16], ids=["f32", "bf16", "f16"])
+@pytest.mark.parametrize("Bt,H,K", [(1, 16, 128), (256, 32, 128), (7, 3, 80)])
+def test_l2norm_qk_kernel_gpu(Bt, H, K, dtype):
+    """The fused q/k L2 normalisation on the GPU against the PyTorch reference (packed, strided inputs)."""
+    from replayssm.kernels.delta import l2norm_qk, l2norm_qk_reference
+
+    gen = torch.Generator(device=DEV).manual_seed(K)
+    qk = (torch.randn(Bt, 2 * H * K + 3, generator=gen, device=DEV) * 3).to(dtype)
+    q = qk[:, : H * K].view(Bt, H, K)
+    k = qk[:, H * K: 2 * H * K].view(Bt, H, K)
+    q_n, k_n = l2norm_qk(q, k, K ** -0.5, backend="triton")
+    q_r, k_r = l2norm_qk_reference(q, k, K ** -0.5)
+    torch.testing.assert_close(q_n, q_r, atol=2e-6, rtol=2e-6)
+    torch.testing.assert_close(k_n, k_r, atol=2e-6, rtol=2e-6)
