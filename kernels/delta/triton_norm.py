@@ -2,9 +2,8 @@
 
 One launch normalises both: program (row, key head, which) loads one q or k vector of K
 channels in its own dtype, computes ``x * rsqrt(sum(x^2) + eps)`` in fp32 (then ``* q_scale``
-for q) and stores it as fp32. In eager PyTorch the same is about a dozen small launches per
-layer and step, which at batch 1 cost more device time than the replay step itself.
-Semantics: ``l2norm_qk_reference``.
+for q) and stores it as fp32. In eager PyTorch the same takes about a dozen small launches per
+layer and step. Semantics: ``l2norm_qk_reference``.
 """
 
 from __future__ import annotations
@@ -12,6 +11,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from .reference import check_qk_shapes
 
 __all__ = ["l2norm_qk_triton"]
 
@@ -44,8 +45,7 @@ def _l2norm_qk_kernel(
 
 def l2norm_qk_triton(q: torch.Tensor, k: torch.Tensor, q_scale: float, eps: float = 1e-6):
     """q, k (Bt, H, K), any float dtype and strides -> (q_n, k_n), contiguous fp32 (Bt, H, K)."""
-    if q.shape != k.shape or q.dim() != 3:
-        raise ValueError(f"q and k must both be (Bt, H, K), got {tuple(q.shape)} and {tuple(k.shape)}")
+    check_qk_shapes(q, k)
     Bt, H, K = q.shape
     qo = torch.empty(Bt, H, K, dtype=torch.float32, device=q.device)
     ko = torch.empty_like(qo)
