@@ -163,3 +163,24 @@ def test_decode_benchmark_smoke_run(tmp_path):
         assert bad.returncode == 2 and message in bad.stderr, (args, bad.stderr[-500:])
         assert "Traceback" not in bad.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_decode_benchmark_device_time_reads_gpu_events_only(tmp_path):
+    """bench_decode.device_time sums kernel, copy and set durations per step (not CPU ops) and ranks kernels by time."""
+    import json
+
+    sys.path.insert(0, str(ROOT / "examples" / "benchmarks"))
+    try:
+        import bench_decode
+    finally:
+        sys.path.pop(0)
+    trace = {"traceEvents": [
+        {"ph": "X", "cat": "kernel", "name": "small", "dur": 2},
+        {"ph": "X", "cat": "kernel", "name": "big", "dur": 10}, {"ph": "X", "cat": "kernel", "name": "big", "dur": 6},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoD", "dur": 4},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "dur": 100}, {"ph": "i", "cat": "kernel", "name": "x"}]}
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(trace))
+    per_step, top = bench_decode.device_time(str(path), steps=2, top=2)
+    assert per_step == (2 + 10 + 6 + 4) / 2
+    assert top == [["big", 8.0, 1.0], ["Memcpy DtoD", 2.0, 0.5]]

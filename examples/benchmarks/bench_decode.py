@@ -83,11 +83,19 @@ def build_model(name: str, dtype, device: str):
     return model.to(dtype).eval(), desc
 
 
-def kernel_us(trace_path: str) -> float:
-    """Sum of the GPU kernel, copy and set durations (µs) in a chrome trace of the torch profiler."""
+def device_time(trace_path: str, steps: int, top: int = 12) -> tuple[float, list]:
+    """(µs per step of GPU kernels, copies and sets; the ``top`` largest by name as
+    [name, µs per step, launches per step]) from a chrome trace of the torch profiler."""
     events = json.loads(Path(trace_path).read_text()).get("traceEvents", [])
-    return sum(e.get("dur", 0) for e in events
-               if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    by_name: dict[str, list] = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            acc = by_name.setdefault(str(e.get("name", "?"))[:100], [0.0, 0])
+            acc[0] += e.get("dur", 0)
+            acc[1] += 1
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
+    total = sum(us for us, _ in by_name.values())
+    return total / steps, [[name, us / steps, n / steps] for name, (us, n) in ranked]
 
 
 def run_variant(spec: dict) -> dict:
@@ -140,14 +148,14 @@ def run_variant(spec: dict) -> dict:
                 with tempfile.TemporaryDirectory() as tmp:
                     path = os.path.join(tmp, "trace.json")
                     prof.export_chrome_trace(path)
-                    device_us = kernel_us(path) / L
+                    device_us, kernels = device_time(path, L)
             else:
                 t = time.perf_counter()
                 steps(L * cycles)
                 wall_us = (time.perf_counter() - t) * 1e6 / (L * cycles)
-                device_us = None
+                device_us, kernels = None, []
                 steps(L)
-        rows.append(dict(batch=Bt, wall_us=wall_us, device_us=device_us,
+        rows.append(dict(batch=Bt, wall_us=wall_us, device_us=device_us, kernels=kernels,
                          argmax=torch.stack(argmax, 1).cpu().tolist(),
                          sampled=torch.stack(sampled, 1).cpu().tolist()))
         del cache, out
@@ -227,6 +235,14 @@ def table(results: list, meta: dict) -> str:
             lines.append(f"| {r['batch']} | {r['stock_wall_us']:.0f} | {r['replay_wall_us']:.0f} | "
                          f"{r['x_wall']:.2f}x | {dev} | {r['argmax_agree']:.3f} | {r['dlogit']:.3g} |")
         lines.append("")
+        for r in (res["rows"][0], res["rows"][-1]) if len(res["rows"]) > 1 else res["rows"]:
+            for variant in ("stock", "replay"):
+                top = r.get(f"{variant}_kernels") or []
+                if top:
+                    lines.append(f"- batch {r['batch']}, {variant}, largest kernels (µs / launches per step): "
+                                 + "; ".join(f"`{n[:48]}` {us:.0f} / {c:g}" for n, us, c in top[:5]))
+        if any(r.get("stock_kernels") for r in res["rows"]):
+            lines.append("")
         if meta.get("reference"):
             lines += ["Against the stock model with fp32 weights (the same weights):", "",
                       "| batch | stock argmax | ReplaySSM argmax | stock dlogit | ReplaySSM dlogit |",
@@ -307,7 +323,7 @@ def main(argv=None):
             for s, r, f in zip(got["stock"]["rows"], got["replay"]["rows"], refs):
                 row = dict(batch=s["batch"], stock_wall_us=s["wall_us"], replay_wall_us=r["wall_us"],
                            x_wall=s["wall_us"] / r["wall_us"], stock_device_us=s["device_us"],
-                           replay_device_us=r["device_us"],
+                           replay_device_us=r["device_us"], stock_kernels=s["kernels"], replay_kernels=r["kernels"],
                            x_device=(s["device_us"] / r["device_us"]) if s["device_us"] else None,
                            argmax_agree=agreement(s["argmax"], r["argmax"]),
                            dlogit=logit_gap(s["sampled"], r["sampled"]))
@@ -317,7 +333,7 @@ def main(argv=None):
                                dlogit_stock_ref=logit_gap(f["sampled"], s["sampled"]),
                                dlogit_replay_ref=logit_gap(f["sampled"], r["sampled"]))
                 rows.append(row)
-                print(json.dumps(dict(model=name, **row)))
+                print(json.dumps(dict(model=name, **{k: v for k, v in row.items() if not k.endswith("_kernels")})))
             results.append(dict(model=name, description=got["stock"]["description"], rows=rows))
         out.mkdir(parents=True, exist_ok=True)  # after every model, so a run cut short keeps what it measured
         write_atomically(out / "decode_bench.json", json.dumps(dict(meta=meta, results=results), indent=1))
