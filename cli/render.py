@@ -57,14 +57,16 @@ def inspect_table(layers: list[dict[str, Any]], *, title: str, buffer_len: int) 
     title = f"{title} · buffers at L={buffer_len}"
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
                   collapse_padding=True)
-    table.add_column("layer", no_wrap=True)
-    table.add_column("kind", no_wrap=True)
+    # narrow terminals (and pipes, which rich renders 80 columns wide) fold the long cells
+    # instead of cutting the short ones to "…"
+    table.add_column("layer", overflow="fold")
+    table.add_column("kind", no_wrap=True, min_width=4)
     if len(classes) > 1:
-        table.add_column("class")
-    table.add_column("shapes", no_wrap=True)
-    table.add_column("state/seq", justify="right", no_wrap=True)
-    table.add_column("buffer/seq", justify="right", no_wrap=True)
-    table.add_column("rewrite", no_wrap=True)
+        table.add_column("class", overflow="fold")
+    table.add_column("shapes", overflow="fold")
+    table.add_column("state/seq", justify="right", no_wrap=True, min_width=9)
+    table.add_column("buffer/seq", justify="right", no_wrap=True, min_width=10)
+    table.add_column("rewrite", no_wrap=True, min_width=7)
     for row in layers:
         rewritable = Text("✓", style="green") if row["can_rewrite"] else Text("✗", style="red")
         cells = [row["name"], kind_short(row)] + ([row["class_name"]] if len(classes) > 1 else [])
