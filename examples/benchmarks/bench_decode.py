@@ -65,22 +65,27 @@ MODELS = {
 SMOKE_MODELS = {"smoke-qwen3.5": "tiny:qwen3_5", "smoke-kimi-linear": "tiny:kimi_linear"}
 
 
+def describe(name: str) -> str:
+    """One line on what model ``name`` is."""
+    return MODELS[name][2] if name in MODELS else f"built-in {SMOKE_MODELS[name]}"
+
+
 def build_model(name: str, dtype, device: str):
-    """(model, description) with random weights (seed 0, drawn in fp32 and then cast to ``dtype``,
+    """The model ``name`` with random weights (seed 0, drawn in fp32 and then cast to ``dtype``,
     so every dtype holds the same weights up to rounding), built on ``device``."""
     import torch
     import transformers
     from replayssm.tiny import build_tiny_model, model_class_for
 
     if name in SMOKE_MODELS:
-        return build_tiny_model(SMOKE_MODELS[name], dtype).to(device), f"built-in {SMOKE_MODELS[name]}"
-    cls_name, kwargs, desc = MODELS[name]
+        return build_tiny_model(SMOKE_MODELS[name], dtype).to(device)
+    cls_name, kwargs, _ = MODELS[name]
     config = getattr(transformers, cls_name)(**kwargs)
     torch.manual_seed(0)
     cls = model_class_for(config)
     with torch.device(device):
         model = cls._from_config(config, dtype=torch.float32)
-    return model.to(dtype).eval(), desc
+    return model.to(dtype).eval()
 
 
 def device_time(trace_path: str, steps: int, top: int = 12) -> tuple[float, list]:
@@ -107,7 +112,7 @@ def run_variant(spec: dict) -> dict:
     dtype = getattr(torch, spec["dtype"])
     L, cycles = spec["L"], spec["cycles"]
     cuda = device.startswith("cuda")
-    model, desc = build_model(spec["model"], dtype, device)
+    model = build_model(spec["model"], dtype, device)
     if spec["variant"] == "replay":
         replayssm.patch(model, buffer_len=L, state_dtype=spec["state_dtype"])
     vocab = model.config.get_text_config().vocab_size
@@ -161,7 +166,7 @@ def run_variant(spec: dict) -> dict:
         del cache, out
         if cuda:
             torch.cuda.empty_cache()
-    return dict(model=spec["model"], description=desc, variant=spec["variant"], rows=rows)
+    return dict(model=spec["model"], variant=spec["variant"], rows=rows)
 
 
 def run_child(spec: dict) -> dict:
@@ -315,7 +320,7 @@ def main(argv=None):
                for v in variants}
         err = [g["error"] for g in got.values() if "error" in g]
         if err:
-            results.append(dict(model=name, description=MODELS.get(name, ("", {}, name))[2], error="; ".join(err)))
+            results.append(dict(model=name, description=describe(name), error="; ".join(err)))
             print(f"{name}: {err[0]}", file=sys.stderr)
         else:
             rows = []
@@ -334,7 +339,7 @@ def main(argv=None):
                                dlogit_replay_ref=logit_gap(f["sampled"], r["sampled"]))
                 rows.append(row)
                 print(json.dumps(dict(model=name, **{k: v for k, v in row.items() if not k.endswith("_kernels")})))
-            results.append(dict(model=name, description=got["stock"]["description"], rows=rows))
+            results.append(dict(model=name, description=describe(name), rows=rows))
         out.mkdir(parents=True, exist_ok=True)  # after every model, so a run cut short keeps what it measured
         write_atomically(out / "decode_bench.json", json.dumps(dict(meta=meta, results=results), indent=1))
         write_atomically(out / "decode_bench.md", table(results, meta) + "\n")

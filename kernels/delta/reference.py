@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 
-def check_qk_shapes(q: torch.Tensor, k: torch.Tensor) -> None:
+def _check_qk_shapes(q: torch.Tensor, k: torch.Tensor) -> None:
     """ValueError unless q and k are both (Bt, H, K)."""
     if q.shape != k.shape or q.dim() != 3:
         raise ValueError(f"q and k must both be (Bt, H, K), got {tuple(q.shape)} and {tuple(k.shape)}")
@@ -63,7 +63,7 @@ def check_qk_shapes(q: torch.Tensor, k: torch.Tensor) -> None:
 def l2norm_qk_reference(q: torch.Tensor, k: torch.Tensor, q_scale: float, eps: float = 1e-6):
     """q, k (Bt, H, K), any float dtype -> (q_n, k_n) fp32 (Bt, H, K): each vector times
     ``rsqrt(sum(x^2) + eps)`` in fp32 (Hugging Face's ``l2norm``), q then times ``q_scale``."""
-    check_qk_shapes(q, k)
+    _check_qk_shapes(q, k)
 
     def norm(x):
         x = x.float()
