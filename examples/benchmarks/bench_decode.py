@@ -22,7 +22,7 @@ Timed and profiled steps are whole L-step cycles, so every row flushes the same 
 whatever cursor it starts from. Each variant runs in its own child process, so that memory, kernel
 caches and a fault in a kernel that is not this project's stay apart.
 
-    python examples/benchmarks/bench_decode.py --out DIR [--models qwen3.5,kimi-linear] [--batches 1,32,256]
+    python examples/benchmarks/bench_decode.py --out DIR [--models qwen3.5,kimi-linear,mamba2] [--batches 1,32,256]
         [--reference] [--dtype bfloat16|float16|float32] [--L 16] [--state-dtype fp32|bf16|fp16]
     python examples/benchmarks/bench_decode.py --smoke --out DIR    # tiny model on CPU: checks the script
 """
@@ -61,8 +61,13 @@ MODELS = {
                          layer_types=(_LIN3FULL * 7)[:27], mlp_layer_types=["dense"] * 27, tie_word_embeddings=False),
                     "Kimi-Linear: hidden 2304, 27 layers (21 KDA (32 heads, 128), 6 MLA); dense MLPs in every "
                     "layer instead of 256-expert MoE"),
+    "mamba2": ("Mamba2Config",
+               dict(vocab_size=32768, hidden_size=4096, state_size=128, num_heads=128, head_dim=64, expand=2,
+                    n_groups=8, num_hidden_layers=64, conv_kernel=4, tie_word_embeddings=False),
+               "Mamba-2: hidden 4096, 64 Mamba-2 layers (128 heads, 64, state 128, 8 groups: the Nemotron-3-Super "
+               "layer shape)"),
 }
-SMOKE_MODELS = {"smoke-qwen3.5": "tiny:qwen3_5", "smoke-kimi-linear": "tiny:kimi_linear"}
+SMOKE_MODELS = {"smoke-qwen3.5": "tiny:qwen3_5", "smoke-kimi-linear": "tiny:kimi_linear", "smoke-mamba2": "tiny:mamba2"}
 
 
 def describe(name: str) -> str:
@@ -86,6 +91,45 @@ def build_model(name: str, dtype, device: str):
     with torch.device(device):
         model = cls._from_config(config, dtype=torch.float32)
     return model.to(dtype).eval()
+
+
+def use_stock_kernel(model, device: str) -> str:
+    """Give the stock Mamba-2 layers mamba_ssm's per-step kernel where its vendored source is
+    present (what transformers runs when mamba_ssm is installed; its package needs a CUDA build,
+    so ``bench_mamba2.load_mamba_ssm`` loads the one Triton file by path). Only in this benchmark's
+    child process, by replacing the module-level function the stock mixer calls. Returns what
+    the stock SSM layers run."""
+    import importlib.util
+
+    import transformers
+
+    fallback = f"transformers {transformers.__version__} PyTorch path"
+    if not device.startswith("cuda"):
+        return fallback
+    if model.config.model_type != "mamba2":
+        return "flash-linear-attention" if importlib.util.find_spec("fla") else fallback
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_mamba2 import load_mamba_ssm
+    from transformers.models.mamba2 import modeling_mamba2
+
+    ssu, what = load_mamba_ssm()
+    if ssu is None:
+        return fallback
+
+    def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, **_):
+        return ssu(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus)
+
+    modeling_mamba2.mamba2_selective_state_update = selective_state_update
+    return what
+
+
+def cache_kwarg(model) -> str:
+    """The name under which ``model.forward`` takes and returns its cache (Mamba-2: ``cache_params``
+    in transformers 5.17-5.23, ``cache`` from 5.24; the others ``past_key_values``)."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return next(n for n in ("past_key_values", "cache", "cache_params") if n in params)
 
 
 def device_time(trace_path: str, steps: int, top: int = 12) -> tuple[float, list]:
@@ -115,6 +159,12 @@ def run_variant(spec: dict) -> dict:
     model = build_model(spec["model"], dtype, device)
     if spec["variant"] == "replay":
         replayssm.patch(model, buffer_len=L, state_dtype=spec["state_dtype"])
+        ssm = "ReplaySSM"
+    elif spec["variant"] == "stock":
+        ssm = use_stock_kernel(model, device)
+    else:  # the fp32 oracle stays on transformers' own PyTorch path where it has one
+        ssm = "fp32 weights"
+    kw = cache_kwarg(model)
     vocab = model.config.get_text_config().vocab_size
     sample = torch.randperm(vocab, generator=torch.Generator().manual_seed(0))[:256].to(device)
     rows = []
@@ -126,12 +176,12 @@ def run_variant(spec: dict) -> dict:
         pos = spec["prompt"]
         with torch.inference_mode():
             out = model(input_ids=ids[:, :pos], use_cache=True, logits_to_keep=1)
-            cache = out.past_key_values
+            cache = getattr(out, kw)
 
             def steps(n):
                 nonlocal pos
                 for _ in range(n):
-                    logits = model(input_ids=ids[:, pos:pos + 1], past_key_values=cache, use_cache=True).logits[:, -1]
+                    logits = model(input_ids=ids[:, pos:pos + 1], use_cache=True, **{kw: cache}).logits[:, -1]
                     argmax.append(logits.argmax(-1))
                     sampled.append(logits[:2, sample].float())
                     pos += 1
@@ -166,7 +216,7 @@ def run_variant(spec: dict) -> dict:
         del cache, out
         if cuda:
             torch.cuda.empty_cache()
-    return dict(model=spec["model"], variant=spec["variant"], rows=rows)
+    return dict(model=spec["model"], variant=spec["variant"], ssm=ssm, rows=rows)
 
 
 def run_child(spec: dict) -> dict:
@@ -232,6 +282,7 @@ def table(results: list, meta: dict) -> str:
         if "error" in res:
             lines += [f"Not run: {res['error']}", ""]
             continue
+        lines += [f"Stock SSM layers on {res['stock_ssm']}.", ""] if res.get("stock_ssm") else []
         lines += ["| batch | stock wall µs | ReplaySSM wall µs | x wall | stock device µs | ReplaySSM device µs "
                   "| x device | argmax | dlogit |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in res["rows"]:
@@ -339,7 +390,7 @@ def main(argv=None):
                                dlogit_replay_ref=logit_gap(f["sampled"], r["sampled"]))
                 rows.append(row)
                 print(json.dumps(dict(model=name, **{k: v for k, v in row.items() if not k.endswith("_kernels")})))
-            results.append(dict(model=name, description=describe(name), rows=rows))
+            results.append(dict(model=name, description=describe(name), stock_ssm=got["stock"]["ssm"], rows=rows))
         out.mkdir(parents=True, exist_ok=True)  # after every model, so a run cut short keeps what it measured
         write_atomically(out / "decode_bench.json", json.dumps(dict(meta=meta, results=results), indent=1))
         write_atomically(out / "decode_bench.md", table(results, meta) + "\n")
