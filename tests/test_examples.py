@@ -184,3 +184,35 @@ def test_decode_benchmark_device_time_reads_gpu_events_only(tmp_path):
     per_step, top = bench_decode.device_time(str(path), steps=2, top=2)
     assert per_step == (2 + 10 + 6 + 4) / 2
     assert top == [["big", 8.0, 1.0], ["Memcpy DtoD", 2.0, 0.5]]
+
+
+def test_decode_benchmark_keeps_the_batches_that_fit(monkeypatch):
+    """A batch that runs out of device memory becomes an error row; the other batches of that child
+    are measured and tabled, and the Mamba-2 model (cache kwarg ``cache``/``cache_params``) decodes."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "examples" / "benchmarks"))
+    try:
+        import bench_decode
+    finally:
+        sys.path.pop(0)
+    real = bench_decode.run_batch
+
+    def run_batch(model, Bt, *args):
+        if Bt == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 128.00 GiB.\nmore")
+        return real(model, Bt, *args)
+
+    monkeypatch.setattr(bench_decode, "run_batch", run_batch)
+    spec = dict(model="smoke-mamba2", device="cpu", dtype="float32", L=2, cycles=1, prompt=3, batches=[1, 3],
+                state_dtype=None, variant="stock")
+    got = bench_decode.run_variant(spec)
+    assert got["ssm"].endswith("PyTorch path")
+    ok, oom = got["rows"]
+    assert ok["batch"] == 1 and ok["wall_us"] > 0 and len(ok["argmax"]) == 1 and len(ok["argmax"][0]) == 2 * 3  # warm-up, timed, last cycle
+    assert oom == dict(batch=3, error="out of memory: CUDA out of memory. Tried to allocate 128.00 GiB.")
+    row = dict(batch=1, stock_wall_us=2.0, replay_wall_us=1.0, x_wall=2.0, stock_device_us=None,
+               replay_device_us=None, x_device=None, argmax_agree=1.0, dlogit=0.1)
+    meta = dict(versions={}, date="d", dtype="bfloat16", L=2, state_dtype=None, prompt=3, cycles=1, reference=False)
+    md = bench_decode.table([dict(model="m", description="d", stock_ssm="x", rows=[row, oom])], meta)
+    assert "| 1 | 2 | 1 | 2.00x |" in md and "| 3 | not run: out of memory: CUDA out of memory." in md

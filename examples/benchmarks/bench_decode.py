@@ -63,7 +63,11 @@ MODELS = {
                     "layer instead of 256-expert MoE"),
     "mamba2": ("Mamba2Config",
                dict(vocab_size=32768, hidden_size=4096, state_size=128, num_heads=128, head_dim=64, expand=2,
-                    n_groups=8, num_hidden_layers=64, conv_kernel=4, tie_word_embeddings=False),
+                    n_groups=8, num_hidden_layers=64, conv_kernel=4, tie_word_embeddings=False,
+                    # prefill runs transformers' PyTorch chunk scan (mamba_ssm's needs its CUDA build), which
+                    # holds batch x chunk x heads x head dim x state in fp32: 137 GB at batch 256 with
+                    # chunks of 256, 8.6 GB with 16; decode does not use chunks
+                    chunk_size=16),
                "Mamba-2: hidden 4096, 64 Mamba-2 layers (128 heads, 64, state 128, 8 groups: the Nemotron-3-Super "
                "layer shape)"),
 }
@@ -147,18 +151,68 @@ def device_time(trace_path: str, steps: int, top: int = 12) -> tuple[float, list
     return total / steps, [[name, us / steps, n / steps] for name, (us, n) in ranked]
 
 
+def run_batch(model, Bt: int, spec: dict, kw: str, sample) -> dict:
+    """Prefill and decode one batch of ``Bt`` rows; timings, argmax tokens and sampled logits."""
+    import torch
+
+    device, L, cycles = spec["device"], spec["L"], spec["cycles"]
+    cuda = device.startswith("cuda")
+    vocab = model.config.get_text_config().vocab_size
+    n_steps = L * (cycles + 2)  # warm-up, timed and profiled cycles
+    gen = torch.Generator().manual_seed(Bt)
+    ids = torch.randint(3, vocab, (Bt, spec["prompt"] + n_steps), generator=gen).to(device)
+    argmax, sampled = [], []
+    pos = spec["prompt"]
+    with torch.inference_mode():
+        out = model(input_ids=ids[:, :pos], use_cache=True, logits_to_keep=1)
+        cache = getattr(out, kw)
+
+        def steps(n):
+            nonlocal pos
+            for _ in range(n):
+                logits = model(input_ids=ids[:, pos:pos + 1], use_cache=True, **{kw: cache}).logits[:, -1]
+                argmax.append(logits.argmax(-1))
+                sampled.append(logits[:2, sample].float())
+                pos += 1
+
+        steps(L)  # warm-up: one cycle (kernel compiles, autotuning)
+        if cuda:
+            torch.cuda.synchronize()
+            t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0.record()
+            steps(L * cycles)
+            t1.record()
+            torch.cuda.synchronize()
+            wall_us = t0.elapsed_time(t1) * 1e3 / (L * cycles)
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                steps(L)
+                torch.cuda.synchronize()
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, "trace.json")
+                prof.export_chrome_trace(path)
+                device_us, kernels = device_time(path, L)
+        else:
+            t = time.perf_counter()
+            steps(L * cycles)
+            wall_us = (time.perf_counter() - t) * 1e6 / (L * cycles)
+            device_us, kernels = None, []
+            steps(L)
+    return dict(batch=Bt, wall_us=wall_us, device_us=device_us, kernels=kernels,
+                argmax=torch.stack(argmax, 1).cpu().tolist(), sampled=torch.stack(sampled, 1).cpu().tolist())
+
+
 def run_variant(spec: dict) -> dict:
     """One child process: every batch of one (model, variant). Returns JSON-able rows."""
     import torch
     import replayssm
 
     device = spec["device"]
-    dtype = getattr(torch, spec["dtype"])
-    L, cycles = spec["L"], spec["cycles"]
     cuda = device.startswith("cuda")
-    model = build_model(spec["model"], dtype, device)
+    model = build_model(spec["model"], getattr(torch, spec["dtype"]), device)
     if spec["variant"] == "replay":
-        replayssm.patch(model, buffer_len=L, state_dtype=spec["state_dtype"])
+        replayssm.patch(model, buffer_len=spec["L"], state_dtype=spec["state_dtype"])
         ssm = "ReplaySSM"
     elif spec["variant"] == "stock":
         ssm = use_stock_kernel(model, device)
@@ -169,51 +223,10 @@ def run_variant(spec: dict) -> dict:
     sample = torch.randperm(vocab, generator=torch.Generator().manual_seed(0))[:256].to(device)
     rows = []
     for Bt in spec["batches"]:
-        n_steps = L * (cycles + 2)  # warm-up, timed and profiled cycles
-        gen = torch.Generator().manual_seed(Bt)
-        ids = torch.randint(3, vocab, (Bt, spec["prompt"] + n_steps), generator=gen).to(device)
-        argmax, sampled = [], []
-        pos = spec["prompt"]
-        with torch.inference_mode():
-            out = model(input_ids=ids[:, :pos], use_cache=True, logits_to_keep=1)
-            cache = getattr(out, kw)
-
-            def steps(n):
-                nonlocal pos
-                for _ in range(n):
-                    logits = model(input_ids=ids[:, pos:pos + 1], use_cache=True, **{kw: cache}).logits[:, -1]
-                    argmax.append(logits.argmax(-1))
-                    sampled.append(logits[:2, sample].float())
-                    pos += 1
-
-            steps(L)  # warm-up: one cycle (kernel compiles, autotuning)
-            if cuda:
-                torch.cuda.synchronize()
-                t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                t0.record()
-                steps(L * cycles)
-                t1.record()
-                torch.cuda.synchronize()
-                wall_us = t0.elapsed_time(t1) * 1e3 / (L * cycles)
-                from torch.profiler import ProfilerActivity, profile
-
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    steps(L)
-                    torch.cuda.synchronize()
-                with tempfile.TemporaryDirectory() as tmp:
-                    path = os.path.join(tmp, "trace.json")
-                    prof.export_chrome_trace(path)
-                    device_us, kernels = device_time(path, L)
-            else:
-                t = time.perf_counter()
-                steps(L * cycles)
-                wall_us = (time.perf_counter() - t) * 1e6 / (L * cycles)
-                device_us, kernels = None, []
-                steps(L)
-        rows.append(dict(batch=Bt, wall_us=wall_us, device_us=device_us, kernels=kernels,
-                         argmax=torch.stack(argmax, 1).cpu().tolist(),
-                         sampled=torch.stack(sampled, 1).cpu().tolist()))
-        del cache, out
+        try:
+            rows.append(run_batch(model, Bt, spec, kw, sample))
+        except torch.OutOfMemoryError as e:  # a batch too large for this device: the others still count
+            rows.append(dict(batch=Bt, error=f"out of memory: {str(e).splitlines()[0][:120]}"))
         if cuda:
             torch.cuda.empty_cache()
     return dict(model=spec["model"], variant=spec["variant"], ssm=ssm, rows=rows)
@@ -286,25 +299,29 @@ def table(results: list, meta: dict) -> str:
         lines += ["| batch | stock wall µs | ReplaySSM wall µs | x wall | stock device µs | ReplaySSM device µs "
                   "| x device | argmax | dlogit |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in res["rows"]:
+            if "error" in r:
+                lines.append(f"| {r['batch']} | not run: {r['error']} |")
+                continue
             dev = (f"{r['stock_device_us']:.0f} | {r['replay_device_us']:.0f} | {r['x_device']:.2f}x"
                    if r["stock_device_us"] else "— | — | —")
             lines.append(f"| {r['batch']} | {r['stock_wall_us']:.0f} | {r['replay_wall_us']:.0f} | "
                          f"{r['x_wall']:.2f}x | {dev} | {r['argmax_agree']:.3f} | {r['dlogit']:.3g} |")
         lines.append("")
-        for r in (res["rows"][0], res["rows"][-1]) if len(res["rows"]) > 1 else res["rows"]:
+        done = [r for r in res["rows"] if "error" not in r]
+        for r in (done[0], done[-1]) if len(done) > 1 else done:
             for variant in ("stock", "replay"):
                 top = r.get(f"{variant}_kernels") or []
                 if top:
                     lines.append(f"- batch {r['batch']}, {variant}, largest kernels (µs / launches per step): "
                                  + "; ".join(f"`{n[:48]}` {us:.0f} / {c:g}" for n, us, c in top[:5]))
-        if any(r.get("stock_kernels") for r in res["rows"]):
+        if any(r.get("stock_kernels") for r in done):
             lines.append("")
         if meta.get("reference"):
             lines += ["Against the stock model with fp32 weights (the same weights):", "",
                       "| batch | stock argmax | ReplaySSM argmax | stock dlogit | ReplaySSM dlogit |",
                       "|---:|---:|---:|---:|---:|"]
             lines += [f"| {r['batch']} | {r['argmax_stock_ref']:.3f} | {r['argmax_replay_ref']:.3f} | "
-                      f"{r['dlogit_stock_ref']:.3g} | {r['dlogit_replay_ref']:.3g} |" for r in res["rows"]]
+                      f"{r['dlogit_stock_ref']:.3g} | {r['dlogit_replay_ref']:.3g} |" for r in done]
             lines.append("")
     return "\n".join(lines)
 
@@ -377,6 +394,11 @@ def main(argv=None):
             rows = []
             refs = got["reference"]["rows"] if "reference" in got else [None] * len(got["stock"]["rows"])
             for s, r, f in zip(got["stock"]["rows"], got["replay"]["rows"], refs):
+                failed = [x["error"] for x in (s, r, f) if x is not None and "error" in x]
+                if failed:
+                    rows.append(dict(batch=s["batch"], error=failed[0]))
+                    print(json.dumps(dict(model=name, **rows[-1])))
+                    continue
                 row = dict(batch=s["batch"], stock_wall_us=s["wall_us"], replay_wall_us=r["wall_us"],
                            x_wall=s["wall_us"] / r["wall_us"], stock_device_us=s["device_us"],
                            replay_device_us=r["device_us"], stock_kernels=s["kernels"], replay_kernels=r["kernels"],
@@ -395,7 +417,7 @@ def main(argv=None):
         write_atomically(out / "decode_bench.json", json.dumps(dict(meta=meta, results=results), indent=1))
         write_atomically(out / "decode_bench.md", table(results, meta) + "\n")
     print(f"wrote {out / 'decode_bench.md'}")
-    return 1 if any("error" in r for r in results) else 0
+    return 1 if any("error" in r or any("error" in x for x in r.get("rows", ())) for r in results) else 0
 
 
 if __name__ == "__main__":
