@@ -98,11 +98,12 @@ def build_model(name: str, dtype, device: str):
 
 
 def use_stock_kernel(model, device: str) -> str:
-    """Give the stock Mamba-2 layers mamba_ssm's per-step kernel where its vendored source is
+    """What the stock SSM layers of ``model`` run, as a phrase for the table.
+
+    On CUDA, Mamba-2 layers first get mamba_ssm's per-step kernel where its vendored source is
     present (what transformers runs when mamba_ssm is installed; its package needs a CUDA build,
-    so ``bench_mamba2.load_mamba_ssm`` loads the one Triton file by path). Only in this benchmark's
-    child process, by replacing the module-level function the stock mixer calls. Returns what
-    the stock SSM layers run."""
+    so ``bench_mamba2.load_mamba_ssm`` loads the one Triton file by path): in this benchmark's
+    child process only, by replacing the module-level function that the stock mixer calls."""
     import importlib.util
 
     import transformers
@@ -216,7 +217,7 @@ def run_variant(spec: dict) -> dict:
         ssm = "ReplaySSM"
     elif spec["variant"] == "stock":
         ssm = use_stock_kernel(model, device)
-    else:  # the fp32 oracle stays on transformers' own PyTorch path where it has one
+    else:  # the fp32 oracle: transformers' default kernels (mamba_ssm is not swapped in)
         ssm = "fp32 weights"
     kw = cache_kwarg(model)
     vocab = model.config.get_text_config().vocab_size
