@@ -155,6 +155,7 @@ def test_decode_benchmark_smoke_run(tmp_path):
     assert row["argmax_replay_ref"] >= row["argmax_stock_ref"] - 0.1
     md = (tmp_path / "o" / "decode_bench.md").read_text()
     assert "| batch | stock wall µs |" in md and "Against the stock model with fp32 weights" in md
+    assert "recurrent state float32 (stock), float32 (ReplaySSM checkpoint)" in md
     for args, message in ((["--smoke", "--models", "nope"], "--models: unknown nope"),
                           (["--smoke", "--batches", "0"], "must be positive"),
                           ([], "needs a CUDA device")):
@@ -209,6 +210,7 @@ def test_decode_benchmark_keeps_the_batches_that_fit(monkeypatch):
     got = bench_decode.run_variant(spec)
     assert got["ssm"].endswith("PyTorch path")
     ok, oom = got["rows"]
+    assert ok["checkpoint"] == "float32"
     assert ok["batch"] == 1 and ok["wall_us"] > 0 and len(ok["argmax"]) == 1 and len(ok["argmax"][0]) == 2 * 3  # warm-up, timed, last cycle
     assert oom == dict(batch=3, error="out of memory: CUDA out of memory. Tried to allocate 128.00 GiB.")
     row = dict(batch=1, stock_wall_us=2.0, replay_wall_us=1.0, x_wall=2.0, stock_device_us=None,

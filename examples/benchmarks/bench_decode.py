@@ -200,8 +200,18 @@ def run_batch(model, Bt: int, spec: dict, kw: str, sample) -> dict:
             wall_us = (time.perf_counter() - t) * 1e6 / (L * cycles)
             device_us, kernels = None, []
             steps(L)
-    return dict(batch=Bt, wall_us=wall_us, device_us=device_us, kernels=kernels,
+    return dict(batch=Bt, wall_us=wall_us, device_us=device_us, kernels=kernels, checkpoint=checkpoint_dtype(cache),
                 argmax=torch.stack(argmax, 1).cpu().tolist(), sampled=torch.stack(sampled, 1).cpu().tolist())
+
+
+def checkpoint_dtype(cache) -> str | None:
+    """The dtype of the first SSM layer's recurrent state in ``cache`` (e.g. "float32")."""
+    for layer in getattr(cache, "layers", ()):
+        states = getattr(layer, "recurrent_states", None)
+        state = (states.get(0) if isinstance(states, dict) else states[0]) if states else None
+        if state is not None:
+            return str(state.dtype).removeprefix("torch.")
+    return None
 
 
 def run_variant(spec: dict) -> dict:
@@ -283,7 +293,8 @@ def versions() -> dict:
 def table(results: list, meta: dict) -> str:
     lines = [f"# Whole-model decode step: stock SSM layers vs ReplaySSM ({meta['versions'].get('gpu', 'CPU')})", "",
              f"- date: {meta['date']}; " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items() if k != "gpu"),
-             f"- weights {meta['dtype']}, ReplaySSM L = {meta['L']}, checkpoint {meta['state_dtype'] or 'fp32 (cache dtype)'}; "
+             f"- weights {meta['dtype']}, ReplaySSM L = {meta['L']}, checkpoint "
+             f"{meta['state_dtype'] or 'in the dtype of the cache'}; "
              f"prompt {meta['prompt']} tokens, then 1 warm-up, {meta['cycles']} timed and 1 profiled cycle of L "
              "teacher-forced steps",
              "- `wall` = time per step of eager forward calls, Python included (CUDA events; the wall clock without "
@@ -296,7 +307,10 @@ def table(results: list, meta: dict) -> str:
         if "error" in res:
             lines += [f"Not run: {res['error']}", ""]
             continue
-        lines += [f"Stock SSM layers on {res['stock_ssm']}.", ""] if res.get("stock_ssm") else []
+        if res.get("stock_ssm"):
+            ck = res.get("checkpoint") or {}
+            lines += [f"Stock SSM layers on {res['stock_ssm']}; recurrent state {ck.get('stock', '?')} (stock), "
+                      f"{ck.get('replay', '?')} (ReplaySSM checkpoint).", ""]
         lines += ["| batch | stock wall µs | ReplaySSM wall µs | x wall | stock device µs | ReplaySSM device µs "
                   "| x device | argmax | dlogit |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in res["rows"]:
@@ -413,7 +427,10 @@ def main(argv=None):
                                dlogit_replay_ref=logit_gap(f["sampled"], r["sampled"]))
                 rows.append(row)
                 print(json.dumps(dict(model=name, **{k: v for k, v in row.items() if not k.endswith("_kernels")})))
-            results.append(dict(model=name, description=describe(name), stock_ssm=got["stock"]["ssm"], rows=rows))
+            checkpoints = {v: sorted({r.get("checkpoint") or "?" for r in got[v]["rows"] if "error" not in r})
+                           for v in ("stock", "replay")}
+            results.append(dict(model=name, description=describe(name), stock_ssm=got["stock"]["ssm"],
+                                checkpoint={v: "/".join(c) for v, c in checkpoints.items()}, rows=rows))
         out.mkdir(parents=True, exist_ok=True)  # after every model, so a run cut short keeps what it measured
         write_atomically(out / "decode_bench.json", json.dumps(dict(meta=meta, results=results), indent=1))
         write_atomically(out / "decode_bench.md", table(results, meta) + "\n")
