@@ -820,7 +820,6 @@ def delta_replay_decode_triton(
 
         delta_replay_decode_small_batch(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, write_idle,
                                         block_v=block_v if chosen else None, num_warps=num_warps if chosen else None)
-        advance_cursor_triton(cursor, L)
         return out
     cfg = default_config(K, V, state.dtype, kda)
     vp = max(16, triton.next_power_of_2(V))

@@ -16,7 +16,10 @@ with ``c = cursor[b]``:
   from it and store ``A + k_c u_c^T`` as the new checkpoint, rounded once.
 
 Ring slots ``>= c`` are never read; idle rows (``c < 0``) read and write nothing (zeros
-into a freshly allocated output). The cursors are advanced by a second tiny launch.
+into a freshly allocated output). The cursors move on inside the launch by default
+(``advance="cursor"``): every program reads its row's cursor and arrives in one atomic on the
+cursor word (``kernels/cursor.py``) and the row's last program to arrive stores the next
+cursor; ``advance="kernel"`` leaves that to a second tiny launch.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..cursor import MAX_ARRIVAL_L, advance_cursor_triton, advanced_cursor, arrive_on_cursor
 from .reference import _check_shapes
 from .triton_gates import previous_gate_sum
 
@@ -46,6 +50,7 @@ def _delta_small_batch_kernel(
     sc_b,
     HV, GROUP, K, V, L, NV,
     KDA: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, WRITE_IDLE: tl.constexpr,
+    ARRIVE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     i_v = pid % NV
@@ -54,7 +59,10 @@ def _delta_small_batch_kernel(
     h = i_bh % HV
     hk = h // GROUP
 
-    c = tl.load(cur_ptr + b * sc_b)
+    if ARRIVE:  # read the cursor and arrive in one atomic; the row's last arrival advances it
+        c, arrived = arrive_on_cursor(cur_ptr + b * sc_b, "relaxed")
+    else:
+        c = tl.load(cur_ptr + b * sc_b)
     active = c >= 0
     cc = tl.maximum(c, 0)
     flush = c == L - 1
@@ -157,12 +165,19 @@ def _delta_small_batch_kernel(
     else:
         o_mask = mv_act
     tl.store(o_ptr + b * so_b + h * so_h + offs_v * so_v, o.to(o_ptr.dtype.element_ty), mask=o_mask)
+    if ARRIVE:
+        if arrived == HV * NV - 1:
+            tl.store(cur_ptr + b * sc_b, advanced_cursor(c, L))
 
 
 def delta_replay_decode_small_batch(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, write_idle: bool,
-                                    block_v: int | None = None, num_warps: int | None = None) -> None:
-    """Launch the one-launch kernel (K <= 256); writes ``out`` and the in-place tensors.
-    The caller advances the cursors afterwards."""
+                                    block_v: int | None = None, num_warps: int | None = None,
+                                    advance: str = "cursor") -> None:
+    """Launch the one-launch kernel (K <= 256); writes ``out`` and the in-place tensors and
+    advances the int32 cursors: inside the launch (``advance="cursor"``, L <= 127) or with a
+    second launch (``"kernel"``, and for longer buffers)."""
+    if advance not in ("cursor", "kernel"):
+        raise ValueError(f"advance must be 'cursor' or 'kernel'; got {advance!r}")
     Bt, HV, Hk, L, K, V = _check_shapes(q, k, v, g, beta, state, u_buf, k_buf, g_buf)
     kda = g.dim() == 3
     BK = max(16, triton.next_power_of_2(K))
@@ -173,11 +188,14 @@ def delta_replay_decode_small_batch(q, k, v, g, beta, state, u_buf, k_buf, g_buf
     NV = triton.cdiv(V, BV)
     sg = (g.stride(0), g.stride(1), g.stride(2) if kda else 0)
     sgb = (g_buf.stride(0), g_buf.stride(1), g_buf.stride(2), g_buf.stride(3) if kda else 0)
+    arrive = advance == "cursor" and L <= MAX_ARRIVAL_L
     _delta_small_batch_kernel[(Bt * HV * NV,)](
         q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out,
         *q.stride(), *k.stride(), *v.stride(), *sg, *beta.stride(),
         *state.stride(), *u_buf.stride(), *k_buf.stride(), *sgb, *out.stride(), cursor.stride(0),
         HV, HV // Hk, K, V, L, NV,
-        KDA=kda, BK=BK, BV=BV, LP=LP, WRITE_IDLE=bool(write_idle),
+        KDA=kda, BK=BK, BV=BV, LP=LP, WRITE_IDLE=bool(write_idle), ARRIVE=arrive,
         num_warps=num_warps or (4 if BK <= 128 else 8),
     )
+    if not arrive:
+        advance_cursor_triton(cursor, L)

@@ -24,18 +24,23 @@ own lanes, ``dt`` by the program of lane block 0 of each head, ``B`` by one prog
 (row, group). A program only ever reads slots ``j < c`` and writes slot ``c``, so no load
 can alias a store of the same launch.
 
-The cursor advance needs every program of a row to have read ``c`` first. Each program of
-an active row arrives at a per-row counter (``atomic_add`` after a CTA barrier) right after
-reading ``c``; the last one to arrive writes ``(c + 1) % L`` at its end and resets the
-counter to zero. The arrival is a relaxed atomic (``advance_sem``): every thread has branched
+The cursor advance needs every program of a row to have read ``c`` first. By default
+(``advance="cursor"``) each program reads ``c`` and arrives in one atomic on the cursor word
+itself (``kernels/cursor.py``: the count rides above the cursor's low byte); the last one to
+arrive stores ``(c + 1) % L`` at its end, which clears the count. With ``advance="atomic"``
+each program of an active row arrives at a separate per-row counter (``atomic_add`` after a
+CTA barrier) right after reading ``c``; the last one to arrive writes ``(c + 1) % L`` at its
+end and resets the counter to zero: two dependent trips to memory when cursor and counter
+are cold (as between layers of a model). The arrival is a relaxed atomic (``advance_sem``): every thread has branched
 on ``c`` (the idle-row exit) before the barrier, so its read has returned before the atomic
 is issued, and the last program's stores depend on the atomic's result; acq_rel ordering
 made every later memory operation of the program wait for the atomic (H200, whole cycle,
 same run: batch 1 1.06-1.08x faster relaxed, batch 8 1.07-1.10x, batch 32 1.02-1.04x, batch
 256 1.004-1.01x; ``examples/benchmarks/results/mamba2_advance_sem_h200_2026-12-01.md``).
-The counter is a small internal device buffer (zero between
+That counter is a small internal device buffer (zero between
 launches; launches on concurrent streams must not overlap); ``advance="kernel"`` runs a
-separate tiny launch instead.
+separate tiny launch instead. ``"cursor"`` falls back to ``"atomic"`` for cursors that are not
+int32 or buffers longer than 127.
 
 ``route="split"`` runs the two routes as two launches: first a persistent flush launch
 (``_mamba2_flush_kernel``: a few programs per multiprocessor share the flush rows' work
@@ -60,7 +65,7 @@ import triton
 import triton.language as tl
 
 from ..backend import num_sms
-from ..cursor import advance_cursor_triton
+from ..cursor import MAX_ARRIVAL_L, advance_cursor_triton, arrive_on_cursor
 from ..persistent import flush_row_chunks, flush_row_prefix, nth_flush_row
 
 __all__ = ["mamba2_replay_decode_triton", "launch_mamba2_replay_decode", "make_replay_config", "replay_config"]
@@ -330,8 +335,11 @@ def _mamba2_replay_kernel(
     HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     ZERO_IDLE: tl.constexpr, ROUTE: tl.constexpr, ADVANCE: tl.constexpr, DOT_LOWP: tl.constexpr,
     DOT_PREC: tl.constexpr, EARLY_LOAD: tl.constexpr, ADV_SEM: tl.constexpr, FLUSH_FMA: tl.constexpr,
+    ARRIVE_ON_CURSOR: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NF: tl.constexpr, BLOCK_L: tl.constexpr,
 ):
+    # ARRIVE_ON_CURSOR (with ADVANCE): the cursor is read by the arrival itself (one atomic on
+    # the cursor word, ``cursor.arrive_on_cursor``) instead of a load and an arrival at cnt_ptr.
     # ROUTE 0: both routes (runtime branch per row); 1: output-only route only (flush rows
     # skip their work but still arrive for the cursor advance); 2: flush route only.
     # BLOCK_N >= N (resp. BLOCK_NF >= N): one state tile per head, and the next head's
@@ -344,7 +352,11 @@ def _mamba2_replay_kernel(
     g = t % G
     b = (t // G).to(tl.int64)
 
-    c = tl.load(cursor_ptr + b * s_cur)
+    n_row = G * n_hc * n_pb  # programs per row
+    if ARRIVE_ON_CURSOR:
+        c, arrived = arrive_on_cursor(cursor_ptr + b * s_cur, ADV_SEM)
+    else:
+        c = tl.load(cursor_ptr + b * s_cur)
     offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
     mask_p = offs_p < P
     h0 = g * HPG + hc * HC
@@ -381,6 +393,9 @@ def _mamba2_replay_kernel(
                 h = h0 + i
                 tl.store(out_ptr + b * so_b + h * so_h + offs_p * so_p,
                          tl.zeros([BLOCK_P], dtype=out_ptr.dtype.element_ty), mask=mask_p)
+        if ARRIVE_ON_CURSOR:
+            if arrived == n_row - 1:  # the last arrival restores the idle cursor (count cleared)
+                tl.store(cursor_ptr + b * s_cur, c.to(cursor_ptr.dtype.element_ty))
         return
 
     is_flush = c == L - 1
@@ -388,7 +403,7 @@ def _mamba2_replay_kernel(
         if c != L - 1:
             return
 
-    if ADVANCE:
+    if ADVANCE and not ARRIVE_ON_CURSOR:
         # Arrive as soon as c is read (every thread has branched on c above, so its read has
         # returned; see the module notes on ADV_SEM); the last program of the row to arrive
         # writes the new cursor at the end.
@@ -521,9 +536,10 @@ def _mamba2_replay_kernel(
             _append_B(B_row, sB_n, Bb_row, sBb_l, sBb_n, Bbuf_ptr, c, N, BLOCK_N)
 
     if ADVANCE:
-        if arrived == G * n_hc * n_pb - 1:
+        if arrived == n_row - 1:
             tl.store(cursor_ptr + b * s_cur, ((c + 1) % L).to(cursor_ptr.dtype.element_ty))
-            tl.store(cnt_ptr + b, 0)
+            if not ARRIVE_ON_CURSOR:
+                tl.store(cnt_ptr + b, 0)
 
 
 @triton.jit
@@ -608,9 +624,12 @@ def _pow2(v: int) -> int:
 
 def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC: int, BLOCK_N: int | None = None,
                        BLOCK_NF: int | None = None, num_warps: int = 4, num_stages: int = 1, route: str = "fused",
-                       advance: str = "atomic", flush: dict | None = None, early_load: bool = False,
+                       advance: str = "cursor", flush: dict | None = None, early_load: bool = False,
                        advance_sem: str = "relaxed", flush_fma: bool = False) -> dict:
     """A complete launch configuration from its free knobs.
+
+    ``advance``: how the cursor moves on (``"cursor"``: arrivals counted on the cursor word,
+    ``"atomic"``: on a separate counter, ``"kernel"``: a launch of its own; module notes).
 
     ``advance_sem``: memory ordering of the in-kernel cursor arrival (``"relaxed"``, ``"release"``
     or ``"acq_rel"``; see the module notes).
@@ -622,6 +641,8 @@ def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC:
     ``BLOCK_NF``, ``num_warps``, ``num_stages``, ``programs_per_sm`` (default 4) or an absolute
     ``programs`` count, ``persistent`` (default True; False: the replay kernel specialised to the
     flush route, one program per work item, so the output launch carries no flush registers))."""
+    if advance not in ("cursor", "atomic", "kernel"):
+        raise ValueError(f"advance must be 'cursor', 'atomic' or 'kernel'; got {advance!r}")
     if advance_sem not in ("relaxed", "release", "acq_rel"):
         raise ValueError(f"advance_sem must be 'relaxed', 'release' or 'acq_rel'; got {advance_sem!r}")
     HPG = H // G
@@ -738,7 +759,7 @@ def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor
     cfg = dict(config) if config is not None else replay_config(
         Bt, H, P, N, G, L, state.element_size(), x_buf.element_size(), n_sm, interp)
     route = route or cfg.get("route", "fused")
-    advance = advance or cfg.get("advance", "atomic")
+    advance = advance or cfg.get("advance", "cursor")
     if route == "split" and "flush" not in cfg:
         cfg = make_replay_config(H, P, N, G, L, cfg["BLOCK_P"], cfg["HC"], cfg["BLOCK_N"], cfg["BLOCK_NF"],
                                  cfg["num_warps"], cfg["num_stages"], "split", advance,
@@ -746,8 +767,10 @@ def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor
     lowp = state.element_size() == 2 and x_buf.element_size() == 2 and x_buf.dtype == B_buf.dtype
     prec = cfg.get("dot_precision") or ("ieee" if interp else "tf32x3")
     HPG = H // G
+    if advance == "cursor" and (cursor.dtype != torch.int32 or L > MAX_ARRIVAL_L):
+        advance = "atomic"  # the cursor word cannot carry the arrival count
     cnt = _arrival_counter(x.device, Bt) if advance == "atomic" else cursor
-    adv = advance == "atomic"
+    adv = advance in ("atomic", "cursor")
     # arguments shared by both kernels (optional tensors replaced by x, with zero strides)
     tensors = (x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias if dt_bias is not None else x,
                D if D is not None else x, z if z is not None else x, out)
@@ -765,6 +788,7 @@ def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor
             ZERO_IDLE=bool(zero), ROUTE=route_id, ADVANCE=advance_here,
             EARLY_LOAD=bool(c.get("early_load", False)) and c["BLOCK_N"] >= N,
             ADV_SEM=c.get("advance_sem", "relaxed"), FLUSH_FMA=bool(c.get("flush_fma", False)),
+            ARRIVE_ON_CURSOR=advance_here and advance == "cursor",
             BLOCK_P=c["BLOCK_P"], BLOCK_N=c["BLOCK_N"], BLOCK_NF=c["BLOCK_NF"], BLOCK_L=c["BLOCK_L"],
             num_warps=c["num_warps"], num_stages=c["num_stages"],
         )

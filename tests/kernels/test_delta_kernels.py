@@ -211,6 +211,35 @@ def test_replay_kernel_matches_reference(case):
     assert torch.all(out_k[2] == 3.0)  # the idle row's output was never written
 
 
+@pytest.mark.parametrize("advance", ["cursor", "kernel"])
+@pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
+def test_one_launch_cursor_advance_variants(kda, advance):
+    """The one-launch kernel moves the cursors on inside its launch (``"cursor"``: arrivals
+    counted on the cursor word, 2 value blocks x 4 heads = 8 programs per row) or with a second
+    launch (``"kernel"``): outputs, rings, checkpoints and cursors equal the reference's over
+    2L + 1 steps; the idle row keeps its -1 and its output is never written."""
+    from replayssm.kernels.delta.triton_small_batch import delta_replay_decode_small_batch
+
+    gen = torch.Generator().manual_seed(12)
+    Bt, Hk, HV, K, V, L = 4, 2, 4, 20, 24, 4
+    ker = _setup(gen, Bt, Hk, HV, K, V, L, kda, [0, 2, -1, 3])
+    ref = [t.clone() for t in ker]
+    out_k = torch.full((Bt, HV, V), 3.0, device=DEV)
+    out_r = out_k.clone()
+    for _ in range(2 * L + 1):
+        x = _token(gen, Bt, Hk, HV, K, V, kda)
+        delta_replay_decode_small_batch(*x, *ker, out_k, False, block_v=16, advance=advance)
+        _same(out_k, delta_replay_decode_reference(*x, *ref, out_r))
+        for a, b in zip(ker, ref):
+            if a.dtype == torch.int32:
+                assert torch.equal(a, b)
+            else:
+                _same(a, b)
+    assert ker[-1][2].item() == -1 and torch.all(out_k[2] == 3.0)
+    with pytest.raises(ValueError, match="advance must be 'cursor' or 'kernel'; got 'atomic'"):
+        delta_replay_decode_small_batch(*x, *ker, out_k, False, advance="atomic")
+
+
 @pytest.mark.parametrize("one_launch", [False, True], ids=["separate-launches", "one-launch"])
 @pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
 def test_rollback_matches_reference(kda, one_launch):

@@ -95,7 +95,9 @@ def test_replay_split_and_kernel_advance_variants():
     small = make_replay_config(4, 16, 16, 2, 3, BLOCK_P=4, HC=1, route="split")
     # the flush launch as the replay kernel specialised to the flush route (not persistent)
     spec = make_replay_config(4, 16, 16, 2, 3, BLOCK_P=4, HC=1, route="split", flush=dict(persistent=False))
-    for route, advance, cfg in (("split", "atomic", None), ("fused", "kernel", None), ("split", "atomic", small),
+    # (the default advance, "cursor", counts arrivals on the cursor word; "atomic" on a separate counter)
+    for route, advance, cfg in (("fused", "atomic", None), ("split", "atomic", None), ("split", "cursor", None),
+                                ("fused", "kernel", None), ("split", "atomic", small), ("split", "cursor", spec),
                                 ("split", "atomic", spec), ("split", "kernel", spec)):
         prob = Problem(3, 4, 16, 16, 2, 3, torch.float32, torch.float32, DEV, [2, 0, -1], seed=11)
         check_replay_trajectory(variant(route, advance, cfg), prob, steps=4)
@@ -176,6 +178,8 @@ def test_default_config_takes_the_rank1_flush_route_only_where_measured_faster()
 def test_replay_config_rejects_unknown_arrival_ordering():
     from replayssm.kernels.mamba2.triton_decode import make_replay_config
 
+    with pytest.raises(ValueError, match="advance must be"):
+        make_replay_config(4, 16, 16, 2, 3, BLOCK_P=16, HC=1, advance="counter")
     with pytest.raises(ValueError, match="advance_sem must be"):
         make_replay_config(4, 16, 16, 2, 3, BLOCK_P=16, HC=1, advance_sem="seq_cst")
 

@@ -94,7 +94,8 @@ def test_large_batch_config_and_out_none():
 
 @pytest.mark.parametrize("variant", ["split", "kernel-advance", "split-small-blocks", "split-specialised",
                                      "split-specialised-kernel-advance", "acq-rel-arrival", "release-arrival",
-                                     "flush-fma-8-lanes", "flush-fma-two-warps"])
+                                     "flush-fma-8-lanes", "flush-fma-two-warps", "counter-arrival",
+                                     "counter-arrival-split", "cursor-arrival-1920-programs"])
 def test_launch_variants(variant):
     from replayssm.kernels.mamba2.triton_decode import launch_mamba2_replay_decode, make_replay_config
 
@@ -112,7 +113,13 @@ def test_launch_variants(variant):
            "release-arrival": make_replay_config(H, P, N, G, L, BLOCK_P=16, HC=1, advance_sem="release"),
            "flush-fma-8-lanes": make_replay_config(H, P, N, G, L, BLOCK_P=8, HC=4, num_warps=1, flush_fma=True),
            "flush-fma-two-warps": make_replay_config(H, P, N, G, L, BLOCK_P=32, HC=3, BLOCK_NF=32, num_warps=2,
-                                                     early_load=True, flush_fma=True)}[variant]
+                                                     early_load=True, flush_fma=True),
+           "counter-arrival": make_replay_config(H, P, N, G, L, BLOCK_P=32, HC=3, advance="atomic"),
+           "counter-arrival-split": make_replay_config(H, P, N, G, L, BLOCK_P=32, HC=12, route="split",
+                                                       advance="atomic"),
+           # 96 heads x 20 lane blocks: 1920 programs arrive on each row's cursor word
+           "cursor-arrival-1920-programs": make_replay_config(H, P, N, G, L, BLOCK_P=4, HC=1, num_warps=1,
+                                                              flush_fma=True, advance="cursor")}[variant]
 
     def fn(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None, sp=True, out=None):
         launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, sp, out,
