@@ -5,13 +5,15 @@ cursor are idle and keep theirs. The kernels that advance it inside another laun
 ``advanced_cursor``; ``advance_cursor_triton`` is the stand-alone launch.
 
 A launch whose programs must all read a row's cursor before one of them advances it can
-count arrivals on the cursor word itself (``arrive_on_cursor``): each program adds
-``ARRIVAL_UNIT`` with one atomic, whose result gives both the cursor (the low byte, sign
-extended) and how many programs arrived before it; the last one to arrive stores the next
-cursor, which also clears the count. Between launches the word is the plain cursor. The read
-and the arrival are one memory operation, so the count needs no separate counter, no barrier
-and no ordering argument, and a cold cursor costs one trip to memory instead of two. Needs
-int32 cursors in ``[-128, 127]`` (``L <= 127``; -1 marks an idle row).
+count arrivals on the cursor word itself: each program adds ``ARRIVAL_UNIT`` with an atomic
+and the row's last program to arrive stores the next cursor, which also clears the count;
+between launches the word is the plain cursor, and during one its low byte still is
+(``cursor_of_word``). Either the atomic reads the cursor (``arrive_on_cursor``: one trip to
+memory, but every program waits for its turn at the word before it can start) or a plain
+load reads it and the arrival (``count_arrival``) comes later, off the critical path, and
+hits the line the load brought into the L2 (unlike a separate counter, which is a second
+trip to memory when cold). Needs int32 cursors in ``[-128, 127]`` (``L <= 127``; -1 marks an
+idle row).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["ARRIVAL_UNIT", "MAX_ARRIVAL_L", "advance_cursor_triton", "advanced_cursor", "arrive_on_cursor"]
+__all__ = ["ARRIVAL_UNIT", "MAX_ARRIVAL_L", "advance_cursor_triton", "advanced_cursor", "arrive_on_cursor",
+           "count_arrival", "cursor_of_word"]
 
 ARRIVAL_UNIT = 256  # one arrival; the cursor lives in the low byte
 MAX_ARRIVAL_L = 127  # longest buffer whose cursors fit the low byte
@@ -33,12 +36,26 @@ def advanced_cursor(c, L):
 
 
 @triton.jit
+def cursor_of_word(word):
+    """The cursor held by a cursor word (its low byte, sign extended), whatever the count above it."""
+    return ((word & 255) ^ 128) - 128
+
+
+@triton.jit
 def arrive_on_cursor(ptr, SEM: tl.constexpr):
     """Read the int32 cursor word at ``ptr`` and arrive, in one atomic. Returns ``(c, n)``:
     the cursor and the number of programs that arrived before this one (this launch)."""
     word = tl.atomic_add(ptr, 256, sem=SEM)
-    c = ((word & 255) ^ 128) - 128
+    c = cursor_of_word(word)
     return c, (word - c) >> 8
+
+
+@triton.jit
+def count_arrival(ptr, c, SEM: tl.constexpr):
+    """Arrive at the cursor word at ``ptr`` whose cursor ``c`` this program has read (the caller
+    makes sure the read has returned, e.g. a barrier after a branch on ``c``); returns the number
+    of programs that arrived before this one."""
+    return (tl.atomic_add(ptr, 256, sem=SEM) - c) >> 8
 
 
 @triton.jit

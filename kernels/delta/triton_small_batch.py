@@ -16,10 +16,12 @@ with ``c = cursor[b]``:
   from it and store ``A + k_c u_c^T`` as the new checkpoint, rounded once.
 
 Ring slots ``>= c`` are never read; idle rows (``c < 0``) read and write nothing (zeros
-into a freshly allocated output). The cursors move on inside the launch by default
-(``advance="cursor"``): every program reads its row's cursor and arrives in one atomic on the
-cursor word (``kernels/cursor.py``) and the row's last program to arrive stores the next
-cursor; ``advance="kernel"`` leaves that to a second tiny launch.
+into a freshly allocated output). The cursors move on inside the launch by default: every
+program arrives at its row's cursor word (``kernels/cursor.py``) and the row's last program to
+arrive stores the next cursor. With ``advance="cursor-first"`` the arrival is also the read
+(one atomic before anything else); with ``"cursor"`` a load reads the cursor and the arrival
+follows once the ring loads that depend on it are issued (after a CTA barrier, so every
+thread's read has returned). ``advance="kernel"`` leaves the advance to a second tiny launch.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..cursor import MAX_ARRIVAL_L, advance_cursor_triton, advanced_cursor, arrive_on_cursor
+from ..cursor import MAX_ARRIVAL_L, advance_cursor_triton, advanced_cursor, arrive_on_cursor, count_arrival, \
+    cursor_of_word
 from .reference import _check_shapes
 from .triton_gates import previous_gate_sum
 
@@ -59,8 +62,11 @@ def _delta_small_batch_kernel(
     h = i_bh % HV
     hk = h // GROUP
 
-    if ARRIVE:  # read the cursor and arrive in one atomic; the row's last arrival advances it
+    # ARRIVE 1: read the cursor and arrive in one atomic; 2: load it, arrive below; 0: no arrival
+    if ARRIVE == 1:
         c, arrived = arrive_on_cursor(cur_ptr + b * sc_b, "relaxed")
+    elif ARRIVE == 2:
+        c = cursor_of_word(tl.load(cur_ptr + b * sc_b))
     else:
         c = tl.load(cur_ptr + b * sc_b)
     active = c >= 0
@@ -126,6 +132,10 @@ def _delta_small_batch_kernel(
         gt = tl.zeros_like(gv) + gtot
     dvec = tl.exp(gt)
     kq = tl.sum(kv * qv, axis=0)
+    if ARRIVE == 2:
+        # the loads above are predicated on c, so every thread's read has returned by the barrier
+        tl.debug_barrier()
+        arrived = count_arrival(cur_ptr + b * sc_b, c, "relaxed")
 
     if flush:
         # fp32 rank-1 updates over the L - 1 buffered entries (few registers: this branch
@@ -165,7 +175,7 @@ def _delta_small_batch_kernel(
     else:
         o_mask = mv_act
     tl.store(o_ptr + b * so_b + h * so_h + offs_v * so_v, o.to(o_ptr.dtype.element_ty), mask=o_mask)
-    if ARRIVE:
+    if ARRIVE != 0:  # the row's last arrival advances its cursor (and clears the count)
         if arrived == HV * NV - 1:
             tl.store(cur_ptr + b * sc_b, advanced_cursor(c, L))
 
@@ -174,10 +184,10 @@ def delta_replay_decode_small_batch(q, k, v, g, beta, state, u_buf, k_buf, g_buf
                                     block_v: int | None = None, num_warps: int | None = None,
                                     advance: str = "cursor") -> None:
     """Launch the one-launch kernel (K <= 256); writes ``out`` and the in-place tensors and
-    advances the int32 cursors: inside the launch (``advance="cursor"``, L <= 127) or with a
-    second launch (``"kernel"``, and for longer buffers)."""
-    if advance not in ("cursor", "kernel"):
-        raise ValueError(f"advance must be 'cursor' or 'kernel'; got {advance!r}")
+    advances the int32 cursors: inside the launch (``advance="cursor"`` or ``"cursor-first"``,
+    L <= 127; module notes) or with a second launch (``"kernel"``, and for longer buffers)."""
+    if advance not in ("cursor", "cursor-first", "kernel"):
+        raise ValueError(f"advance must be 'cursor', 'cursor-first' or 'kernel'; got {advance!r}")
     Bt, HV, Hk, L, K, V = _check_shapes(q, k, v, g, beta, state, u_buf, k_buf, g_buf)
     kda = g.dim() == 3
     BK = max(16, triton.next_power_of_2(K))
@@ -188,7 +198,7 @@ def delta_replay_decode_small_batch(q, k, v, g, beta, state, u_buf, k_buf, g_buf
     NV = triton.cdiv(V, BV)
     sg = (g.stride(0), g.stride(1), g.stride(2) if kda else 0)
     sgb = (g_buf.stride(0), g_buf.stride(1), g_buf.stride(2), g_buf.stride(3) if kda else 0)
-    arrive = advance == "cursor" and L <= MAX_ARRIVAL_L
+    arrive = {"kernel": 0, "cursor-first": 1, "cursor": 2}[advance] if L <= MAX_ARRIVAL_L else 0
     _delta_small_batch_kernel[(Bt * HV * NV,)](
         q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out,
         *q.stride(), *k.stride(), *v.stride(), *sg, *beta.stride(),
@@ -197,5 +207,5 @@ def delta_replay_decode_small_batch(q, k, v, g, beta, state, u_buf, k_buf, g_buf
         KDA=kda, BK=BK, BV=BV, LP=LP, WRITE_IDLE=bool(write_idle), ARRIVE=arrive,
         num_warps=num_warps or (4 if BK <= 128 else 8),
     )
-    if not arrive:
+    if arrive == 0:
         advance_cursor_triton(cursor, L)

@@ -24,14 +24,14 @@ own lanes, ``dt`` by the program of lane block 0 of each head, ``B`` by one prog
 (row, group). A program only ever reads slots ``j < c`` and writes slot ``c``, so no load
 can alias a store of the same launch.
 
-The cursor advance needs every program of a row to have read ``c`` first. By default
-(``advance="cursor"``) each program reads ``c`` and arrives in one atomic on the cursor word
-itself (``kernels/cursor.py``: the count rides above the cursor's low byte); the last one to
-arrive stores ``(c + 1) % L`` at its end, which clears the count. With ``advance="atomic"``
-each program of an active row arrives at a separate per-row counter (``atomic_add`` after a
-CTA barrier) right after reading ``c``; the last one to arrive writes ``(c + 1) % L`` at its
-end and resets the counter to zero: two dependent trips to memory when cursor and counter
-are cold (as between layers of a model). The arrival is a relaxed atomic (``advance_sem``): every thread has branched
+The cursor advance needs every program of a row to have read ``c`` first. Each program of
+an active row arrives (``atomic_add`` after a CTA barrier) right after reading ``c``; the last
+one to arrive writes ``(c + 1) % L`` at its end. With ``advance="cursor"`` the arrivals are
+counted on the cursor word itself (``kernels/cursor.py``: the count rides above the cursor's
+low byte and the last program's store clears it), whose line the read has just brought
+into the L2; with ``advance="atomic"`` on a separate per-row counter, which the last program
+resets to zero (a second trip to memory when that counter is cold, as between the layers of
+a model). The arrival is a relaxed atomic (``advance_sem``): every thread has branched
 on ``c`` (the idle-row exit) before the barrier, so its read has returned before the atomic
 is issued, and the last program's stores depend on the atomic's result; acq_rel ordering
 made every later memory operation of the program wait for the atomic (H200, whole cycle,
@@ -65,7 +65,7 @@ import triton
 import triton.language as tl
 
 from ..backend import num_sms
-from ..cursor import MAX_ARRIVAL_L, advance_cursor_triton, arrive_on_cursor
+from ..cursor import MAX_ARRIVAL_L, advance_cursor_triton, count_arrival, cursor_of_word
 from ..persistent import flush_row_chunks, flush_row_prefix, nth_flush_row
 
 __all__ = ["mamba2_replay_decode_triton", "launch_mamba2_replay_decode", "make_replay_config", "replay_config"]
@@ -338,8 +338,8 @@ def _mamba2_replay_kernel(
     ARRIVE_ON_CURSOR: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NF: tl.constexpr, BLOCK_L: tl.constexpr,
 ):
-    # ARRIVE_ON_CURSOR (with ADVANCE): the cursor is read by the arrival itself (one atomic on
-    # the cursor word, ``cursor.arrive_on_cursor``) instead of a load and an arrival at cnt_ptr.
+    # ARRIVE_ON_CURSOR (with ADVANCE): arrivals are counted on the cursor word (``kernels/cursor.py``),
+    # not at cnt_ptr; c is the word's low byte.
     # ROUTE 0: both routes (runtime branch per row); 1: output-only route only (flush rows
     # skip their work but still arrive for the cursor advance); 2: flush route only.
     # BLOCK_N >= N (resp. BLOCK_NF >= N): one state tile per head, and the next head's
@@ -353,10 +353,9 @@ def _mamba2_replay_kernel(
     b = (t // G).to(tl.int64)
 
     n_row = G * n_hc * n_pb  # programs per row
+    c = tl.load(cursor_ptr + b * s_cur)
     if ARRIVE_ON_CURSOR:
-        c, arrived = arrive_on_cursor(cursor_ptr + b * s_cur, ADV_SEM)
-    else:
-        c = tl.load(cursor_ptr + b * s_cur)
+        c = cursor_of_word(c)
     offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
     mask_p = offs_p < P
     h0 = g * HPG + hc * HC
@@ -393,9 +392,6 @@ def _mamba2_replay_kernel(
                 h = h0 + i
                 tl.store(out_ptr + b * so_b + h * so_h + offs_p * so_p,
                          tl.zeros([BLOCK_P], dtype=out_ptr.dtype.element_ty), mask=mask_p)
-        if ARRIVE_ON_CURSOR:
-            if arrived == n_row - 1:  # the last arrival restores the idle cursor (count cleared)
-                tl.store(cursor_ptr + b * s_cur, c.to(cursor_ptr.dtype.element_ty))
         return
 
     is_flush = c == L - 1
@@ -403,12 +399,15 @@ def _mamba2_replay_kernel(
         if c != L - 1:
             return
 
-    if ADVANCE and not ARRIVE_ON_CURSOR:
+    if ADVANCE:
         # Arrive as soon as c is read (every thread has branched on c above, so its read has
         # returned; see the module notes on ADV_SEM); the last program of the row to arrive
         # writes the new cursor at the end.
         tl.debug_barrier()
-        arrived = tl.atomic_add(cnt_ptr + b, 1, sem=ADV_SEM)
+        if ARRIVE_ON_CURSOR:
+            arrived = count_arrival(cursor_ptr + b * s_cur, c, ADV_SEM)
+        else:
+            arrived = tl.atomic_add(cnt_ptr + b, 1, sem=ADV_SEM)
 
     do_work = True
     if ROUTE == 1:

@@ -211,12 +211,12 @@ def test_replay_kernel_matches_reference(case):
     assert torch.all(out_k[2] == 3.0)  # the idle row's output was never written
 
 
-@pytest.mark.parametrize("advance", ["cursor", "kernel"])
+@pytest.mark.parametrize("advance", ["cursor", "cursor-first", "kernel"])
 @pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
 def test_one_launch_cursor_advance_variants(kda, advance):
     """The one-launch kernel moves the cursors on inside its launch (``"cursor"``: arrivals
     counted on the cursor word, 2 value blocks x 4 heads = 8 programs per row) or with a second
-    launch (``"kernel"``): outputs, rings, checkpoints and cursors equal the reference's over
+    launch (``"kernel"``), the cursor read by a load or by the arrival itself: outputs, rings, checkpoints and cursors equal the reference's over
     2L + 1 steps; the idle row keeps its -1 and its output is never written."""
     from replayssm.kernels.delta.triton_small_batch import delta_replay_decode_small_batch
 
@@ -236,7 +236,7 @@ def test_one_launch_cursor_advance_variants(kda, advance):
             else:
                 _same(a, b)
     assert ker[-1][2].item() == -1 and torch.all(out_k[2] == 3.0)
-    with pytest.raises(ValueError, match="advance must be 'cursor' or 'kernel'; got 'atomic'"):
+    with pytest.raises(ValueError, match="advance must be 'cursor', 'cursor-first' or 'kernel'; got 'atomic'"):
         delta_replay_decode_small_batch(*x, *ker, out_k, False, advance="atomic")
 
 
