@@ -96,6 +96,50 @@ def test_mamba2_benchmark_smoke_run(tmp_path):
     assert "smoke" in (tmp_path / "mamba2_bench.md").read_text()
 
 
+def test_cursor_advance_smoke_run(tmp_path):
+    """examples/benchmarks/cursor_advance.py --smoke times every cursor-advance variant of both
+    kernels twice (Triton interpreter on CPU) and writes the JSON rows and the markdown table."""
+    import json
+    import os
+
+    script = str(ROOT / "examples" / "benchmarks" / "cursor_advance.py")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, script, "--smoke", "--out", str(tmp_path)], capture_output=True, text=True,
+                          env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads((tmp_path / "cursor_advance.json").read_text())["rows"]
+    assert [(r["family"], r["shape"]) for r in rows] == [("mamba2", "smoke"), ("delta-one-launch", "smoke-gdn"),
+                                                         ("delta-one-launch", "smoke-kda")]
+    for r, variants in zip(rows, (("atomic", "cursor"),) + (("kernel", "cursor-first", "cursor"),) * 2):
+        assert all(len(r[v]) == 2 and min(r[v]) > 0 for v in variants) and r["step"] > 0
+    md = (tmp_path / "cursor_advance.md").read_text()
+    assert "| smoke-kda | float32 | 2 |" in md and "kernel/cursor-first" in md
+    bad = subprocess.run([sys.executable, script, "--smoke", "--L", "1", "--out", str(tmp_path / "bad")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode == 2 and "--L must be at least 2" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_mamba2_in_model_smoke_run(tmp_path):
+    """examples/benchmarks/mamba2_in_model.py --smoke steps a two-layer model once per variant
+    (interpreter): every variant moves every layer's cursor on by one step."""
+    import json
+    import os
+
+    script = str(ROOT / "examples" / "benchmarks" / "mamba2_in_model.py")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, script, "--smoke", "--out", str(tmp_path)], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads((tmp_path / "mamba2_in_model.json").read_text())
+    assert [(r["filler"], r["variant"]) for r in got["rows"]] == [
+        (f, v) for f in (False, True) for v in ("atomic-shared", "atomic-per-layer", "cursor")]
+    L, steps = got["meta"]["L"], len(got["rows"])
+    assert got["meta"]["cursors_at_end"] == [(i + steps) % L for i in range(got["meta"]["layers"])]
+    bad = subprocess.run([sys.executable, script, "--smoke", "--layers", "0", "--out", str(tmp_path / "bad")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode == 2 and "must be positive" in bad.stderr and not (tmp_path / "bad").exists()
+
+
 def test_bandwidth_ceilings_without_cuda_exits_with_one_line(tmp_path):
     """examples/benchmarks/bandwidth_ceilings.py needs CUDA: without it, a one-line error, a
     non-zero exit and nothing written."""

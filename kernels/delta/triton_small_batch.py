@@ -34,7 +34,16 @@ from ..cursor import MAX_ARRIVAL_L, advance_cursor_triton, advanced_cursor, arri
 from .reference import _check_shapes
 from .triton_gates import previous_gate_sum
 
-__all__ = ["delta_replay_decode_small_batch"]
+__all__ = ["delta_replay_decode_small_batch", "SMALL_BATCH_ADVANCE"]
+
+#: Largest batch whose default cursor advance is ``"cursor-first"`` (``"cursor"`` above). H200,
+#: L=16 whole cycles, same run, against the second launch (``"kernel"``): ``"cursor-first"``
+#: 1.12-1.25x faster at batch 1-2 on the Qwen3.5-4B, Qwen3.5-122B and KDA shapes (fp32 and
+#: bf16 checkpoints), and from 0.3% behind to 4.6% ahead of ``"cursor"``; at batch 4 ``"cursor"`` 1.05-1.15x
+#: faster than the second launch everywhere, while ``"cursor-first"`` was 1.15x slower with
+#: the KDA shape's fp32 checkpoint (its programs wait on the atomic before any load)
+#: (``examples/benchmarks/results/cursor_advance_h200_2026-12-02.md``).
+SMALL_BATCH_ADVANCE = 2
 
 
 @triton.jit
@@ -182,10 +191,13 @@ def _delta_small_batch_kernel(
 
 def delta_replay_decode_small_batch(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, write_idle: bool,
                                     block_v: int | None = None, num_warps: int | None = None,
-                                    advance: str = "cursor") -> None:
+                                    advance: str | None = None) -> None:
     """Launch the one-launch kernel (K <= 256); writes ``out`` and the in-place tensors and
     advances the int32 cursors: inside the launch (``advance="cursor"`` or ``"cursor-first"``,
-    L <= 127; module notes) or with a second launch (``"kernel"``, and for longer buffers)."""
+    L <= 127; module notes) or with a second launch (``"kernel"``, and for longer buffers).
+    Default: ``"cursor-first"`` up to batch 2, ``"cursor"`` above (``SMALL_BATCH_ADVANCE``)."""
+    if advance is None:
+        advance = "cursor-first" if q.shape[0] <= SMALL_BATCH_ADVANCE else "cursor"
     if advance not in ("cursor", "cursor-first", "kernel"):
         raise ValueError(f"advance must be 'cursor', 'cursor-first' or 'kernel'; got {advance!r}")
     Bt, HV, Hk, L, K, V = _check_shapes(q, k, v, g, beta, state, u_buf, k_buf, g_buf)
