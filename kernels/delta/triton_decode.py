@@ -91,7 +91,8 @@ __all__ = ["delta_replay_decode_triton", "advance_cursor_triton", "SMALL_BATCH_M
 #: Batches up to this many rows run the one-launch kernel by default. H200, L=16, CUDA
 #: graphs (examples/benchmarks/results/delta_small_batch_h200_2026-11-30.md): at batch 1-4
 #: it takes 0.51-0.95x the time of the four launches of then (Qwen3.5-4B fp32, batch 1: 5.7 vs
-#: 11.1 µs); at batch 8 it is 0.74-1.24x (slower for the KDA shape).
+#: 11.1 µs; 4.97 µs since it moves the cursors on itself, ``triton_small_batch.SMALL_BATCH_ADVANCE``);
+#: at batch 8 it is 0.74-1.24x (slower for the KDA shape).
 SMALL_BATCH_MAX = 4
 
 

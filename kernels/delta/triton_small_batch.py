@@ -38,8 +38,8 @@ __all__ = ["delta_replay_decode_small_batch", "SMALL_BATCH_ADVANCE"]
 
 #: Largest batch whose default cursor advance is ``"cursor-first"`` (``"cursor"`` above). H200,
 #: L=16 whole cycles, same run, against the second launch (``"kernel"``): ``"cursor-first"``
-#: 1.12-1.25x faster at batch 1-2 on the Qwen3.5-4B, Qwen3.5-122B and KDA shapes (fp32 and
-#: bf16 checkpoints), and from 0.3% behind to 4.6% ahead of ``"cursor"``; at batch 4 ``"cursor"`` 1.05-1.15x
+#: 1.12-1.24x faster at batch 1-2 on the Qwen3.5-4B, Qwen3.5-122B and KDA shapes (fp32 and
+#: bf16 checkpoints), and from 0.1% behind to 4.6% ahead of ``"cursor"``; at batch 4 ``"cursor"`` 1.04-1.15x
 #: faster than the second launch everywhere, while ``"cursor-first"`` was 1.15x slower with
 #: the KDA shape's fp32 checkpoint (its programs wait on the atomic before any load)
 #: (``examples/benchmarks/results/cursor_advance_h200_2026-12-02.md``).

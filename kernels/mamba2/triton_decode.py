@@ -32,13 +32,13 @@ with ``advance="cursor"`` on the cursor word itself (``kernels/cursor.py``: the 
 above the cursor's low byte and the last program's store clears it). The cursor word costs no
 second trip to memory when cold, but there every program's cursor read queues behind the
 other programs' atomics on the same line: H200, L=16 whole cycles, same run, batch 1 with an
-fp32 checkpoint 1.05x slower on the Nemotron shapes and 1.4x on Mamba2-2.7B (320 programs;
-1.06x at batch 4),
-within 1% at batch 32-256 and 1.03-1.04x faster with a bf16 checkpoint at batch 1 on the
-Nemotron shapes; in a 64-layer model-order loop with the L2 evicted between layers both took
-5.8 µs per layer-step (``examples/benchmarks/results/cursor_advance_h200_2026-12-02.md``). So
-the counter stays the default. The arrival is a relaxed atomic (``advance_sem``): every thread has branched
-on ``c`` (the idle-row exit) before the barrier, so its read has returned before the atomic
+fp32 checkpoint 1.05x slower on the Nemotron shapes and 1.38x on Mamba2-2.7B (320 programs;
+1.01-1.07x at batch 4), within 0.3% at batch 32-256 and 1.04x faster with a bf16 checkpoint at
+batch 1 on the Nemotron shapes (``examples/benchmarks/results/cursor_advance_h200_2026-12-02.md``);
+in 64 layers stepped in model order with the L2 evicted between layers the kernel took the same
+time either way (``mamba2_in_model_h200_2026-12-02.md``). So the counter stays the default.
+The arrival is a relaxed atomic (``advance_sem``): every thread has branched on ``c`` (the
+idle-row exit) before the barrier, so its read has returned before the atomic
 is issued, and the last program's stores depend on the atomic's result; acq_rel ordering
 made every later memory operation of the program wait for the atomic (H200, whole cycle,
 same run: batch 1 1.06-1.08x faster relaxed, batch 8 1.07-1.10x, batch 32 1.02-1.04x, batch
