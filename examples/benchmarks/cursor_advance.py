@@ -5,8 +5,8 @@ arrivals on the cursor word (``"cursor"``), beside the per-step kernel and mamba
 ``selective_state_update`` (when its vendored source loads). Delta-rule one-launch kernel: a
 second launch for the cursors (``"kernel"``) against arrivals on the cursor word read by the
 atomic (``"cursor-first"``) or by a load (``"cursor"``), beside the per-step kernel. Each
-variant is timed twice, interleaved, on the same data; µs per layer step amortised over the
-cycle (flush included), state copies rotated above the L2.
+variant is timed twice, interleaved, on the same data (once in a ``--smoke`` run); µs per layer
+step amortised over the cycle (flush included), state copies rotated above the L2.
 
     python3 examples/benchmarks/cursor_advance.py --out DIR     # CUDA: about 3 minutes on an H200
     python3 examples/benchmarks/cursor_advance.py --smoke --out DIR   # tiny shapes, any device
@@ -37,7 +37,7 @@ DTYPES = (torch.float32, torch.bfloat16)  # checkpoint dtypes (fp32 only in a sm
 ROUNDS = 4  # per-step baselines: steps over every state copy per timed body
 
 
-def mamba2_rows(cuda: bool, L: int, emit) -> None:
+def mamba2_rows(cuda: bool, L: int, emit, repeats: int) -> None:
     from replayssm.kernels.backend import num_sms
     from replayssm.kernels.mamba2.triton_decode import replay_config
     from replayssm.kernels.mamba2.triton_step import launch_mamba2_step_decode
@@ -55,7 +55,7 @@ def mamba2_rows(cuda: bool, L: int, emit) -> None:
                 bufs = lay.buffers(L)
                 base = replay_config(Bt, H, P, N, G, L, s, 2, num_sms(dev, 0 if cuda else None), not cuda)
                 row = dict(family="mamba2", shape=name, state=str(sdt).split(".")[-1], batch=Bt, copies=R)
-                for adv in MAMBA2_VARIANTS * 2:
+                for adv in MAMBA2_VARIANTS * repeats:
                     body = lay.replay_body(bufs, L, dict(base, advance=adv))
                     row.setdefault(adv, []).append(time_steps(body, L * R, graph=cuda))
 
@@ -78,7 +78,7 @@ def mamba2_rows(cuda: bool, L: int, emit) -> None:
                 del lay, bufs
 
 
-def delta_rows(cuda: bool, L: int, emit) -> None:
+def delta_rows(cuda: bool, L: int, emit, repeats: int) -> None:
     from replayssm.kernels.delta.triton_small_batch import delta_replay_decode_small_batch
     from replayssm.kernels.delta.triton_step import delta_step_decode_triton
 
@@ -92,7 +92,7 @@ def delta_rows(cuda: bool, L: int, emit) -> None:
                 x = (lay.q, lay.k, lay.v, lay.g, lay.beta)
                 rings = lay.rings(L)
                 row = dict(family="delta-one-launch", shape=name, state=str(sdt).split(".")[-1], batch=Bt, copies=R)
-                for adv in DELTA_VARIANTS * 2:
+                for adv in DELTA_VARIANTS * repeats:
                     def body(adv=adv):
                         for _ in range(L):
                             for st, (u, kb, gb, cur) in zip(lay.states, rings):
@@ -114,7 +114,7 @@ def markdown(rows, meta) -> str:
     lines = [f"# Cursor advance variants at small batches ({meta['gpu']}, {meta['date']})", "",
              f"- torch {meta['torch']}, triton {meta['triton']}; L = {meta['L']}, activations and rings bf16; "
              "µs per layer step amortised over whole cycles (flush included), CUDA graphs, state copies above the "
-             "L2; each variant timed twice, interleaved (mean of the two shown).",
+             f"L2; each variant timed {meta['repeats']} time(s), interleaved (mean shown).",
              "- produced by `python3 examples/benchmarks/cursor_advance.py --out DIR`; raw rows: "
              "`cursor_advance.json`.", ""]
     for family, variants, base in (("mamba2", MAMBA2_VARIANTS, "atomic"), ("delta-one-launch", DELTA_VARIANTS,
@@ -155,7 +155,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = dict(gpu=torch.cuda.get_device_name() if cuda else "cpu (smoke run)", date=datetime.date.today().isoformat(),
-                torch=torch.__version__, triton=triton.__version__, L=L)
+                torch=torch.__version__, triton=triton.__version__, L=L,
+                repeats=2 if cuda else 1)  # a smoke run checks the script, not the noise
     rows = []
 
     def emit(row):
@@ -163,8 +164,8 @@ def main(argv=None) -> int:
         print(json.dumps(row), flush=True)
         (out / "cursor_advance.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
 
-    mamba2_rows(cuda, L, emit)
-    delta_rows(cuda, L, emit)
+    mamba2_rows(cuda, L, emit, meta["repeats"])
+    delta_rows(cuda, L, emit, meta["repeats"])
     md = markdown(rows, meta)
     (out / "cursor_advance.md").write_text(md)
     print(md)

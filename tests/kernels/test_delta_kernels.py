@@ -211,12 +211,13 @@ def test_replay_kernel_matches_reference(case):
     assert torch.all(out_k[2] == 3.0)  # the idle row's output was never written
 
 
-@pytest.mark.parametrize("advance", ["cursor", "cursor-first", "kernel"])
-@pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
+@pytest.mark.parametrize("kda, advance", [(False, "kernel"), (True, "kernel"), (True, "cursor-first")],
+                         ids=["gdn-kernel", "kda-kernel", "kda-cursor-first"])
 def test_one_launch_cursor_advance_variants(kda, advance):
-    """The one-launch kernel moves the cursors on inside its launch (``"cursor"``: arrivals
-    counted on the cursor word, 2 value blocks x 4 heads = 8 programs per row) or with a second
-    launch (``"kernel"``), the cursor read by a load or by the arrival itself: outputs, rings, checkpoints and cursors equal the reference's over
+    """The one-launch kernel moves the cursors on with a second launch (``"kernel"``) or inside its
+    launch, arrivals counted on the cursor word (2 value blocks x 4 heads = 8 programs per row)
+    and read by the arrival itself (``"cursor-first"``, here at batch 4, whose default is
+    ``"cursor"``: the one-launch CASES and the rollback test at batch 2 run the defaults): outputs, rings, checkpoints and cursors equal the reference's over
     2L + 1 steps; the idle row keeps its -1 and its output is never written."""
     from replayssm.kernels.delta.triton_small_batch import delta_replay_decode_small_batch
 

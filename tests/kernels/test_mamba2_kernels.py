@@ -95,10 +95,10 @@ def test_replay_split_and_kernel_advance_variants():
     small = make_replay_config(4, 16, 16, 2, 3, BLOCK_P=4, HC=1, route="split")
     # the flush launch as the replay kernel specialised to the flush route (not persistent)
     spec = make_replay_config(4, 16, 16, 2, 3, BLOCK_P=4, HC=1, route="split", flush=dict(persistent=False))
-    # (the default advance, "cursor", counts arrivals on the cursor word; "atomic" on a separate counter)
-    for route, advance, cfg in (("fused", "atomic", None), ("split", "atomic", None), ("split", "cursor", None),
-                                ("fused", "kernel", None), ("split", "atomic", small), ("split", "cursor", spec),
-                                ("split", "atomic", spec), ("split", "kernel", spec)):
+    # (the default advance, "atomic", counts arrivals on a separate counter, "cursor" on the cursor word)
+    for route, advance, cfg in (("split", "atomic", None), ("split", "cursor", None), ("fused", "cursor", None),
+                                ("fused", "kernel", None), ("split", "atomic", small), ("split", "atomic", spec),
+                                ("split", "kernel", spec)):
         prob = Problem(3, 4, 16, 16, 2, 3, torch.float32, torch.float32, DEV, [2, 0, -1], seed=11)
         check_replay_trajectory(variant(route, advance, cfg), prob, steps=4)
     # persistent flush launch: one or two programs walking every flush item, and the rows
