@@ -108,6 +108,11 @@ def replay_bytes(Bt, H, P, N, G, L, s, a):
     return Bt * total / L
 
 
+def copies_for(Bt, H, P, N, s):
+    """State copies so that one graph's working set is at least 3x the L2 (at most 64)."""
+    return max(1, min(64, math.ceil(3 * L2_BYTES / (Bt * H * P * N * s))))
+
+
 def buffer_pct(H, P, N, G, L, s, a):
     return 100.0 * (H * L * P * a + H * L * 4 + G * L * N * a) / (H * P * N * s)
 
@@ -166,8 +171,7 @@ def bench_config(name, shape, Bt, sdt, adt, Ls, mssu, hf, dev, copy_bw, use_grap
 
     H, P, N, G = shape
     s, a = torch.tensor([], dtype=sdt).element_size(), torch.tensor([], dtype=adt).element_size()
-    state_bytes = Bt * H * P * N * s
-    R = copies or max(1, min(64, math.ceil(3 * L2_BYTES / state_bytes)))
+    R = copies or copies_for(Bt, H, P, N, s)
     lay = Layer(Bt, H, P, N, G, sdt, adt, R, dev)
     res = dict(shape=name, H=H, P=P, N=N, G=G, batch=Bt, state_dtype=str(sdt).split(".")[-1],
                act_dtype=str(adt).split(".")[-1], copies=R)
@@ -367,7 +371,7 @@ def sweep(dev, copy_bw, out_dir, log):
     for Bt, sdt in ((256, torch.float32), (256, torch.bfloat16), (1, torch.float32)):
         s = torch.tensor([], dtype=sdt).element_size()
         L = 16
-        R = max(1, min(64, math.ceil(3 * L2_BYTES / (Bt * H * P * N * s))))
+        R = copies_for(Bt, H, P, N, s)
         lay = Layer(Bt, H, P, N, G, sdt, torch.bfloat16, R, dev)
         bufs = lay.buffers(L)
         floor = replay_bytes(Bt, H, P, N, G, L, s, 2) / copy_bw * 1e6

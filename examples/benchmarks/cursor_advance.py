@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -50,7 +49,7 @@ def mamba2_rows(cuda: bool, L: int, emit, repeats: int) -> None:
             s = torch.tensor([], dtype=sdt).element_size()
             wide = cuda and name == "nemotron3-super" and sdt == torch.float32
             for Bt in ((1, 4, 32, 256) if wide else (1, 4) if cuda else (2,)):
-                R = max(1, min(64, math.ceil(3 * bm.L2_BYTES / (Bt * H * P * N * s)))) if cuda else 1
+                R = bm.copies_for(Bt, H, P, N, s) if cuda else 1
                 lay = bm.Layer(Bt, H, P, N, G, sdt, torch.bfloat16, R, dev)
                 bufs = lay.buffers(L)
                 base = replay_config(Bt, H, P, N, G, L, s, 2, num_sms(dev, 0 if cuda else None), not cuda)
