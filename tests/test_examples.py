@@ -59,16 +59,18 @@ def test_delta_variants_smoke_run(tmp_path):
 
     script = str(ROOT / "examples" / "benchmarks" / "delta_variants.py")
     env = dict(os.environ, TRITON_INTERPRET="1", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
-    proc = subprocess.run([sys.executable, script, "--smoke", "--variants", '[{}, {"ring_by_cursor": false}]',
+    second = {"ring_by_cursor": False, "gate_ring_dtype": "bfloat16"}  # a kernel knob and the script's own
+    proc = subprocess.run([sys.executable, script, "--smoke", "--variants", json.dumps([{}, second]),
                            "--out", str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads((tmp_path / "delta_variants.json").read_text())["rows"]
     assert [(r["case"], r["kw"]) for r in rows] == [
-        (c, kw) for c in ("smoke-gdn:float32", "smoke-kda:float32") for kw in ({}, {"ring_by_cursor": False}, {})]
+        (c, kw) for c in ("smoke-gdn:float32", "smoke-kda:float32") for kw in ({}, second, {})]
     assert all(r["us"] > 0 and r["Bt"] == 2 and r["L"] == 4 for r in rows)
     assert all(r["vs_first"] == 1.0 for r in rows[::3])
     for args, message in ((["--variants", '[{"no_such_knob": 1}]'], "not knobs of delta_replay_decode_triton"),
                           (["--variants", "{}"], "--variants takes a non-empty JSON list"),
+                          (["--variants", '[{"gate_ring_dtype": "int8"}]'], "gate_ring_dtype must be one of"),
                           (["--cases", "nope:float32"], "--cases: unknown shape 'nope'"),
                           (["--cases", "smoke-kda:int8"], "checkpoint dtype must be one of"),
                           (["--L", "0"], "--batch and --L must be positive")):

@@ -4,6 +4,10 @@ Each case (shape from ``bench_delta.SHAPES``, checkpoint dtype) builds one layer
 variant (keyword arguments of ``delta_replay_decode_triton``; ``{}`` = the defaults) over whole
 L-step cycles as ``bench_delta.bench_config`` does, then the first variant again (its repeat shows
 the noise). Prints one JSON line per timing and writes ``delta_variants.json`` under ``--out``.
+One more knob is the script's own: ``"gate_ring_dtype"`` (e.g. ``"bfloat16"``) gives that variant a
+copy of the rings with the gate ring stored in that dtype, which the kernels read and widen to
+fp32. For timing only: KDA's gate ring holds running sums, which a 16-bit ring rounds (a bound on
+what any 16-bit gate ring could save, not a valid configuration).
 Needs a CUDA device; ``--smoke`` runs tiny shapes on any device (on CPU through the Triton
 interpreter, ``TRITON_INTERPRET=1``) to check the script itself; its numbers mean nothing.
 
@@ -26,6 +30,14 @@ import bench_delta as bd  # noqa: E402
 from timing import copy_bandwidth, time_steps  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+GATE_RING_KNOB = "gate_ring_dtype"  # the script's own knob (module notes)
+
+
+def rings_as(rings: list, dtype: torch.dtype | None) -> list:
+    """``rings`` with the gate ring (third item) copied into ``dtype`` (None: ``rings`` itself)."""
+    if dtype is None:
+        return rings
+    return [(u, kb, gb.to(dtype), cur) for (u, kb, gb, cur) in rings]
 
 
 def parse_cases(text: str, shapes: dict) -> list[tuple[str, torch.dtype]]:
@@ -54,7 +66,10 @@ def main(argv=None):
     if not isinstance(args.variants, list) or not all(isinstance(v, dict) for v in args.variants) \
             or not args.variants:
         ap.error("--variants takes a non-empty JSON list of objects, e.g. '[{}, {\"ring_by_cursor\": false}]'")
-    unknown = sorted({k for v in args.variants for k in bd.unknown_knobs(v)})
+    bad = [v[GATE_RING_KNOB] for v in args.variants if v.get(GATE_RING_KNOB, "float32") not in DTYPES]
+    if bad:
+        ap.error(f"--variants: {GATE_RING_KNOB} must be one of {', '.join(DTYPES)}, got {bad[0]!r}")
+    unknown = sorted({k for v in args.variants for k in bd.unknown_knobs(v) if k != GATE_RING_KNOB})
     if unknown:
         ap.error(f"--variants: not knobs of delta_replay_decode_triton: {', '.join(unknown)}")
     try:
@@ -81,18 +96,24 @@ def main(argv=None):
         rings = lay.rings(L)
         floor = bd.replay_bytes(Bt, Hk, HV, K, V, L, sdt.itemsize, 2, kda) / bw * 1e6
         first = None
-        for kw in args.variants + args.variants[:1]:
-            def body(kw=kw):
+        ring_sets = {}  # gate-ring dtype -> rings (copies made once per case)
+        for variant in args.variants + args.variants[:1]:
+            kw = {k: v for k, v in variant.items() if k != GATE_RING_KNOB}
+            gdt = variant.get(GATE_RING_KNOB)
+            if gdt not in ring_sets:
+                ring_sets[gdt] = rings_as(rings, DTYPES[gdt] if gdt else None)
+
+            def body(kw=kw, rr=ring_sets[gdt]):
                 for _ in range(L):
-                    for st, (u, kb, gb, cur) in zip(lay.states, rings):
+                    for st, (u, kb, gb, cur) in zip(lay.states, rr):
                         delta_replay_decode_triton(*x, st, u, kb, gb, cur, lay.out, **kw)
 
             t = time_steps(body, L * R)
             first = first or t
-            rows.append(dict(case=f"{shape}:{str(sdt)[6:]}", Bt=Bt, L=L, kw=kw, us=round(t, 2),
+            rows.append(dict(case=f"{shape}:{str(sdt)[6:]}", Bt=Bt, L=L, kw=variant, us=round(t, 2),
                              floor_frac=round(floor / t, 4), vs_first=round(first / t, 4)))
             print(json.dumps(rows[-1]), flush=True)
-        del lay, rings
+        del lay, rings, ring_sets
         if dev == "cuda":
             torch.cuda.empty_cache()
     if args.out:
