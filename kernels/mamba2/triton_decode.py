@@ -100,10 +100,24 @@ def _window_weights(dtw, d, cur_l, a_h):
 
 
 @triton.jit
-def _process_dt(d_raw, dtbias_ptr, h, sdtb, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr):
+def _head_constants(A_ptr, sA, dtbias_ptr, sdtb, D_ptr, sD, h, ok, HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr):
+    """Head ``h``'s ``(A, dt_bias, D)`` as fp32 scalars (0 where absent or ``ok`` is false), loaded
+    together so that a caller can issue them early (before the cursor, or with the next head's tiles)."""
+    a_h = tl.load(A_ptr + h * sA, mask=ok, other=0.0).to(tl.float32)
+    dtb = 0.0
+    if HAS_DT_BIAS:
+        dtb = tl.load(dtbias_ptr + h * sdtb, mask=ok, other=0.0).to(tl.float32)
+    dco = 0.0
+    if HAS_D:
+        dco = tl.load(D_ptr + h * sD, mask=ok, other=0.0).to(tl.float32)
+    return a_h, dtb, dco
+
+
+@triton.jit
+def _process_dt(d_raw, dtb, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr):
     d = d_raw.to(tl.float32)
     if HAS_DT_BIAS:
-        d += tl.load(dtbias_ptr + h * sdtb).to(tl.float32)
+        d += dtb
     if DT_SOFTPLUS:
         d = _softplus(d)
     return d
@@ -125,13 +139,13 @@ def _row_pointers(b, g, c, offs_p, mask_p, x_ptr, dt_ptr, B_ptr, C_ptr, state_pt
 
 
 @triton.jit
-def _head_output_and_append(y, h, c, pb, xc, xcb, d, offs_p, mask_p, D_ptr, sD, z_row, sz_h, sz_p, o_row, so_h, so_p,
+def _head_output_and_append(y, h, c, pb, xc, xcb, d, dco, offs_p, mask_p, z_row, sz_h, sz_p, o_row, so_h, so_p,
                             out_ptr, xb_row, sxb_h, sxb_l, sxb_p, db_row, sdb_h, sdb_l, dtbuf_ptr,
                             HAS_D: tl.constexpr, HAS_Z: tl.constexpr):
-    """Finish head ``h``: ``y += D x``, ``y *= silu(z)``, store ``y``; append the current ``x``
-    (already in the buffer dtype, ``xcb``) at slot ``c``, and ``dt`` from lane block 0."""
+    """Finish head ``h``: ``y += D x`` (``dco`` = the head's D), ``y *= silu(z)``, store ``y``; append
+    the current ``x`` (already in the buffer dtype, ``xcb``) at slot ``c``, and ``dt`` from lane block 0."""
     if HAS_D:
-        y += tl.load(D_ptr + h * sD).to(tl.float32) * xc.to(tl.float32)
+        y += dco * xc.to(tl.float32)
     if HAS_Z:
         zv = tl.load(z_row + h * sz_h + offs_p * sz_p, mask=mask_p, other=0.0).to(tl.float32)
         y = y * (zv * tl.sigmoid(zv))
@@ -198,8 +212,8 @@ def _flush_heads(
         offs_nf = tl.arange(0, BLOCK_NF)
         for i in range(0, nh):
             h = h0 + i
-            a_h = tl.load(A_ptr + h * sA).to(tl.float32)
-            d = _process_dt(tl.load(dt_row + h * sdt_h), dtbias_ptr, h, sdtb, HAS_DT_BIAS, DT_SOFTPLUS)
+            a_h, dtb, dco = _head_constants(A_ptr, sA, dtbias_ptr, sdtb, D_ptr, sD, h, True, HAS_DT_BIAS, HAS_D)
+            d = _process_dt(tl.load(dt_row + h * sdt_h), dtb, HAS_DT_BIAS, DT_SOFTPLUS)
             xc = tl.load(x_row + h * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
             xcb = xc.to(xbuf_ptr.dtype.element_ty)
             wx_c = d * xcb.to(tl.float32)  # the current token: weight dt_c, no decay
@@ -231,7 +245,7 @@ def _flush_heads(
                 s_new = abar * s0 + upd
                 tl.store(s_ptrs, s_new.to(state_ptr.dtype.element_ty), mask=m2)
                 acc_y += tl.sum(s_new * cv[None, :], 1)
-            _head_output_and_append(acc_y, h, c, pb, xc, xcb, d, offs_p, mask_p, D_ptr, sD, z_row, sz_h, sz_p,
+            _head_output_and_append(acc_y, h, c, pb, xc, xcb, d, dco, offs_p, mask_p, z_row, sz_h, sz_p,
                                     o_row, so_h, so_p, out_ptr, xb_row, sxb_h, sxb_l, sxb_p, db_row, sdb_h, sdb_l,
                                     dtbuf_ptr, HAS_D, HAS_Z)
     else:
@@ -292,8 +306,8 @@ def _flush_heads(
             xc_n = tl.load(x_row + h1 * sx_h + offs_p * sx_p, mask=mask_p & okp, other=0.0)
             dr_n = tl.load(dt_row + h1 * sdt_h, mask=t1 < total, other=0.0)
 
-            a_h = tl.load(A_ptr + h * sA).to(tl.float32)
-            d = _process_dt(dr_t, dtbias_ptr, h, sdtb, HAS_DT_BIAS, DT_SOFTPLUS)
+            a_h, dtb, dco = _head_constants(A_ptr, sA, dtbias_ptr, sdtb, D_ptr, sD, h, True, HAS_DT_BIAS, HAS_D)
+            d = _process_dt(dr_t, dtb, HAS_DT_BIAS, DT_SOFTPLUS)
             w, abar = _window_weights(dtw_t, d, cur_l, a_h)
             xcb = xc_t.to(xbuf_ptr.dtype.element_ty)
             xw = tl.where(cur_l[:, None], xcb[None, :], xw_t)  # (BLOCK_L, BLOCK_P), buffer dtype
@@ -308,7 +322,7 @@ def _flush_heads(
                      s_new.to(state_ptr.dtype.element_ty), mask=mask_p[:, None] & mn[None, :])
             acc_y += tl.sum(s_new * cv_t.to(tl.float32)[None, :], 1)
             if k == NT - 1:  # the head's last tile: output and appends
-                _head_output_and_append(acc_y, h, c, pb, xc_t, xcb, d, offs_p, mask_p, D_ptr, sD, z_row, sz_h, sz_p,
+                _head_output_and_append(acc_y, h, c, pb, xc_t, xcb, d, dco, offs_p, mask_p, z_row, sz_h, sz_p,
                                         o_row, so_h, so_p, out_ptr, xb_row, sxb_h, sxb_l, sxb_p, db_row, sdb_h, sdb_l,
                                         dtbuf_ptr, HAS_D, HAS_Z)
             acc_y = tl.where((tl.zeros([BLOCK_P], dtype=tl.int32) + k) == NT - 1, 0.0, acc_y)
@@ -386,9 +400,14 @@ def _mamba2_replay_kernel(
         dtw_early = tl.load(dtbuf_ptr + b * sdb_b + h0 * sdb_h + offs_l0 * sdb_l, mask=in_l, other=0.0)
         xc_early = tl.load(x_ptr + b * sx_b + h0 * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
         dr_early = tl.load(dt_ptr + b * sdt_b + h0 * sdt_h)
+        # the first head's constants too: loads issued after the cursor branch would cost a
+        # second memory round trip (the branch keeps the compiler from hoisting them)
+        a_early, dtb_early, dco_early = _head_constants(A_ptr, sA, dtbias_ptr, sdtb, D_ptr, sD, h0, True,
+                                                        HAS_DT_BIAS, HAS_D)
     else:  # placeholders: the flush route loads its own tiles then
         s_early, bw_early, bcur_early, cv_early = 0, 0, 0, 0
         xw_early, dtw_early, xc_early, dr_early = 0, 0, 0, 0
+        a_early, dtb_early, dco_early = 0.0, 0.0, 0.0
 
     if c < 0:
         # idle row: nothing written (except zeros into a freshly allocated out); with
@@ -478,6 +497,7 @@ def _mamba2_replay_kernel(
                     dtw_t = tl.where(valid_l, dtw_early, 0.0)
                     xc_t = xc_early
                     dr_t = dr_early
+                    a_t, dtb_t, dco_t = a_early, dtb_early, dco_early
                 else:
                     cv = tl.load(C_row + offs_n * sC_n, mask=mn, other=0.0).to(tl.float32)
                     s_t = tl.load(st_row + h * ss_h + s_rel, mask=m2, other=0.0)
@@ -485,6 +505,8 @@ def _mamba2_replay_kernel(
                     dtw_t = tl.load(db_row + h * sdb_h + offs_l * sdb_l, mask=valid_l, other=0.0)
                     xc_t = tl.load(x_row + h * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
                     dr_t = tl.load(dt_row + h * sdt_h)
+                    a_t, dtb_t, dco_t = _head_constants(A_ptr, sA, dtbias_ptr, sdtb, D_ptr, sD, h, True,
+                                                        HAS_DT_BIAS, HAS_D)
                 for i in range(0, nh):
                     h = h0 + i
                     hn = h + 1
@@ -497,17 +519,19 @@ def _mamba2_replay_kernel(
                     dtw_n = tl.load(db_row + hn * sdb_h + offs_l * sdb_l, mask=valid_l & okl, other=0.0)
                     xc_n = tl.load(x_row + hn * sx_h + offs_p * sx_p, mask=mask_p & okp, other=0.0)
                     dr_n = tl.load(dt_row + hn * sdt_h, mask=ok, other=0.0)
+                    a_n, dtb_n, dco_n = _head_constants(A_ptr, sA, dtbias_ptr, sdtb, D_ptr, sD, hn, ok,
+                                                        HAS_DT_BIAS, HAS_D)
 
                     acc = tl.sum(s_t.to(tl.float32) * cv[None, :], 1)  # S0 . C
-                    a_h = tl.load(A_ptr + h * sA).to(tl.float32)
-                    d = _process_dt(dr_t, dtbias_ptr, h, sdtb, HAS_DT_BIAS, DT_SOFTPLUS)
-                    w, abar = _window_weights(dtw_t, d, cur_l, a_h)
+                    d = _process_dt(dr_t, dtb_t, HAS_DT_BIAS, DT_SOFTPLUS)
+                    w, abar = _window_weights(dtw_t, d, cur_l, a_t)
                     xcb = xc_t.to(xbuf_ptr.dtype.element_ty)
                     xw = tl.where(cur_l[:, None], xcb[None, :], xw_t).to(tl.float32)
                     y = abar * acc + tl.sum((w * bc)[:, None] * xw, 0)
-                    _head_output_and_append(y, h, c, pb, xc_t, xcb, d, offs_p, mask_p, D_ptr, sD, z_row, sz_h,
+                    _head_output_and_append(y, h, c, pb, xc_t, xcb, d, dco_t, offs_p, mask_p, z_row, sz_h,
                                             sz_p, o_row, so_h, so_p, out_ptr, xb_row, sxb_h, sxb_l, sxb_p, db_row,
                                             sdb_h, sdb_l, dtbuf_ptr, HAS_D, HAS_Z)
+                    a_t, dtb_t, dco_t = a_n, dtb_n, dco_n
                     s_t = s_n
                     xw_t = xw_n
                     dtw_t = dtw_n
@@ -527,13 +551,14 @@ def _mamba2_replay_kernel(
                                      mask=mask_p[:, None] & mn[None, :], other=0.0).to(tl.float32)
                         cvn = tl.load(C_row + nn * sC_n, mask=mn, other=0.0).to(tl.float32)
                         acc += tl.sum(s0 * cvn[None, :], 1)
-                    a_h = tl.load(A_ptr + h * sA).to(tl.float32)
-                    d = _process_dt(tl.load(dt_row + h * sdt_h), dtbias_ptr, h, sdtb, HAS_DT_BIAS, DT_SOFTPLUS)
+                    a_h, dtb, dco = _head_constants(A_ptr, sA, dtbias_ptr, sdtb, D_ptr, sD, h, True, HAS_DT_BIAS,
+                                                    HAS_D)
+                    d = _process_dt(tl.load(dt_row + h * sdt_h), dtb, HAS_DT_BIAS, DT_SOFTPLUS)
                     w, abar = _window_weights(dtw, d, cur_l, a_h)
                     xcb = xc.to(xbuf_ptr.dtype.element_ty)
                     xw = tl.where(cur_l[:, None], xcb[None, :], xw).to(tl.float32)
                     y = abar * acc + tl.sum((w * bc)[:, None] * xw, 0)
-                    _head_output_and_append(y, h, c, pb, xc, xcb, d, offs_p, mask_p, D_ptr, sD, z_row, sz_h,
+                    _head_output_and_append(y, h, c, pb, xc, xcb, d, dco, offs_p, mask_p, z_row, sz_h,
                                             sz_p, o_row, so_h, so_p, out_ptr, xb_row, sxb_h, sxb_l, sxb_p, db_row,
                                             sdb_h, sdb_l, dtbuf_ptr, HAS_D, HAS_Z)
 
