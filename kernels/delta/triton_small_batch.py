@@ -62,7 +62,7 @@ def _delta_small_batch_kernel(
     sc_b,
     HV, GROUP, K, V, L, NV,
     KDA: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, WRITE_IDLE: tl.constexpr,
-    ARRIVE: tl.constexpr,
+    ARRIVE: tl.constexpr, EARLY: tl.constexpr,
 ):
     pid = tl.program_id(0)
     i_v = pid % NV
@@ -109,18 +109,32 @@ def _delta_small_batch_kernel(
     gb_base = gb_ptr + b * sgb_b + h * sgb_h
     s_ptrs = s_base + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v
 
-    # the current token and the checkpoint tile, then the ring (entries j < cursor)
-    s0 = tl.load(s_ptrs, mask=mk_in[:, None] & mv_act[None, :], other=0.0).to(tl.float32)
-    qv = tl.load(q_base + offs_k * sq_k, mask=mk_in, other=0.0).to(tl.float32)
-    kv = tl.load(k_base + offs_k * sk_k, mask=mk_in, other=0.0).to(tl.float32)
+    # the current token and the checkpoint tile, then the ring (entries j < cursor). EARLY: the
+    # former without cursor predicates, so they are issued while the cursor read is in flight
+    # (an idle row's are read and discarded: nothing of it is stored)
+    if EARLY:
+        mk_ld = mk
+        mv_ld = mv
+    else:
+        mk_ld = mk_in
+        mv_ld = mv_act
+    s0 = tl.load(s_ptrs, mask=mk_ld[:, None] & mv_ld[None, :], other=0.0).to(tl.float32)
+    qv = tl.load(q_base + offs_k * sq_k, mask=mk_ld, other=0.0).to(tl.float32)
+    kv = tl.load(k_base + offs_k * sk_k, mask=mk_ld, other=0.0).to(tl.float32)
     if KDA:
-        gv = tl.load(g_base + offs_k * sg_k, mask=mk_in, other=0.0).to(tl.float32)
+        gv = tl.load(g_base + offs_k * sg_k, mask=mk_ld, other=0.0).to(tl.float32)
         gc = 0.0
     else:
         gv = tl.zeros_like(qv)
-        gc = tl.load(g_base, mask=active, other=0.0).to(tl.float32)
-    vv = tl.load(v_ptr + b * sv_b + h * sv_h + offs_v * sv_v, mask=mv_act, other=0.0).to(tl.float32)
-    beta = tl.load(beta_ptr + b * sbt_b + h * sbt_h, mask=active, other=0.0).to(tl.float32)
+        if EARLY:
+            gc = tl.load(g_base).to(tl.float32)
+        else:
+            gc = tl.load(g_base, mask=active, other=0.0).to(tl.float32)
+    vv = tl.load(v_ptr + b * sv_b + h * sv_h + offs_v * sv_v, mask=mv_ld, other=0.0).to(tl.float32)
+    if EARLY:
+        beta = tl.load(beta_ptr + b * sbt_b + h * sbt_h).to(tl.float32)
+    else:
+        beta = tl.load(beta_ptr + b * sbt_b + h * sbt_h, mask=active, other=0.0).to(tl.float32)
 
     ub = tl.load(ub_base + offs_l[:, None] * sub_l + offs_v[None, :] * sub_v,
                  mask=ml[:, None] & mv[None, :], other=0.0).to(tl.float32)  # (LP, BV)
@@ -142,7 +156,7 @@ def _delta_small_batch_kernel(
     dvec = tl.exp(gt)
     kq = tl.sum(kv * qv, axis=0)
     if ARRIVE == 2:
-        # the loads above are predicated on c, so every thread's read has returned by the barrier
+        # the ring loads above are predicated on c, so every thread's read has returned by the barrier
         tl.debug_barrier()
         arrived = count_arrival(cur_ptr + b * sc_b, c, "relaxed")
 
@@ -191,11 +205,13 @@ def _delta_small_batch_kernel(
 
 def delta_replay_decode_small_batch(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, write_idle: bool,
                                     block_v: int | None = None, num_warps: int | None = None,
-                                    advance: str | None = None) -> None:
+                                    advance: str | None = None, early_load: bool = False) -> None:
     """Launch the one-launch kernel (K <= 256); writes ``out`` and the in-place tensors and
     advances the int32 cursors: inside the launch (``advance="cursor"`` or ``"cursor-first"``,
     L <= 127; module notes) or with a second launch (``"kernel"``, and for longer buffers).
-    Default: ``"cursor-first"`` up to batch 2, ``"cursor"`` above (``SMALL_BATCH_ADVANCE``)."""
+    Default: ``"cursor-first"`` up to batch 2, ``"cursor"`` above (``SMALL_BATCH_ADVANCE``).
+    ``early_load``: the checkpoint tile and the current token's inputs are loaded without waiting
+    for the cursor (off by default until measured on a GPU)."""
     if advance is None:
         advance = "cursor-first" if q.shape[0] <= SMALL_BATCH_ADVANCE else "cursor"
     if advance not in ("cursor", "cursor-first", "kernel"):
@@ -216,7 +232,7 @@ def delta_replay_decode_small_batch(q, k, v, g, beta, state, u_buf, k_buf, g_buf
         *q.stride(), *k.stride(), *v.stride(), *sg, *beta.stride(),
         *state.stride(), *u_buf.stride(), *k_buf.stride(), *sgb, *out.stride(), cursor.stride(0),
         HV, HV // Hk, K, V, L, NV,
-        KDA=kda, BK=BK, BV=BV, LP=LP, WRITE_IDLE=bool(write_idle), ARRIVE=arrive,
+        KDA=kda, BK=BK, BV=BV, LP=LP, WRITE_IDLE=bool(write_idle), ARRIVE=arrive, EARLY=bool(early_load),
         num_warps=num_warps or (4 if BK <= 128 else 8),
     )
     if arrive == 0:

@@ -211,14 +211,18 @@ def test_replay_kernel_matches_reference(case):
     assert torch.all(out_k[2] == 3.0)  # the idle row's output was never written
 
 
-@pytest.mark.parametrize("kda, advance", [(False, "kernel"), (True, "kernel"), (True, "cursor-first")],
-                         ids=["gdn-kernel", "kda-kernel", "kda-cursor-first"])
-def test_one_launch_cursor_advance_variants(kda, advance):
+@pytest.mark.parametrize("kda, advance, early", [(False, "kernel", False), (True, "kernel", False),
+                                                 (True, "cursor-first", False), (True, "cursor", True),
+                                                 (False, "cursor-first", True)],
+                         ids=["gdn-kernel", "kda-kernel", "kda-cursor-first", "kda-cursor-early", "gdn-first-early"])
+def test_one_launch_cursor_advance_variants(kda, advance, early):
     """The one-launch kernel moves the cursors on with a second launch (``"kernel"``) or inside its
     launch, arrivals counted on the cursor word (2 value blocks x 4 heads = 8 programs per row)
     and read by the arrival itself (``"cursor-first"``, here at batch 4, whose default is
-    ``"cursor"``: the one-launch CASES and the rollback test at batch 2 run the defaults): outputs, rings, checkpoints and cursors equal the reference's over
-    2L + 1 steps; the idle row keeps its -1 and its output is never written."""
+    ``"cursor"``: the one-launch CASES and the rollback test at batch 2 run the defaults), with
+    ``early_load`` in two cases (checkpoint and inputs loaded before the cursor is known): outputs,
+    rings, checkpoints and cursors equal the reference's over 2L + 1 steps; the idle row keeps its
+    -1 and its output is never written."""
     from replayssm.kernels.delta.triton_small_batch import delta_replay_decode_small_batch
 
     gen = torch.Generator().manual_seed(12)
@@ -229,7 +233,7 @@ def test_one_launch_cursor_advance_variants(kda, advance):
     out_r = out_k.clone()
     for _ in range(2 * L + 1):
         x = _token(gen, Bt, Hk, HV, K, V, kda)
-        delta_replay_decode_small_batch(*x, *ker, out_k, False, block_v=16, advance=advance)
+        delta_replay_decode_small_batch(*x, *ker, out_k, False, block_v=16, advance=advance, early_load=early)
         _same(out_k, delta_replay_decode_reference(*x, *ref, out_r))
         for a, b in zip(ker, ref):
             if a.dtype == torch.int32:
