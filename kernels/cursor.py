@@ -23,10 +23,15 @@ import triton
 import triton.language as tl
 
 __all__ = ["ARRIVAL_UNIT", "MAX_ARRIVAL_L", "advance_cursor_triton", "advanced_cursor", "arrive_on_cursor",
-           "count_arrival", "cursor_of_word"]
+           "count_arrival", "cursor_of_word", "cursor_word_counts_arrivals"]
 
 ARRIVAL_UNIT = 256  # one arrival; the cursor lives in the low byte
 MAX_ARRIVAL_L = 127  # longest buffer whose cursors fit the low byte
+
+
+def cursor_word_counts_arrivals(cursor: torch.Tensor, L: int) -> bool:
+    """Whether ``cursor`` (int32 words) can carry arrival counts for buffers of length ``L``."""
+    return cursor.dtype == torch.int32 and L <= MAX_ARRIVAL_L
 
 
 @triton.jit

@@ -29,8 +29,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..cursor import MAX_ARRIVAL_L, advance_cursor_triton, advanced_cursor, arrive_on_cursor, count_arrival, \
-    cursor_of_word
+from ..cursor import advance_cursor_triton, advanced_cursor, arrive_on_cursor, count_arrival, cursor_of_word, \
+    cursor_word_counts_arrivals
 from .reference import _check_shapes
 from .triton_gates import previous_gate_sum
 
@@ -226,7 +226,7 @@ def delta_replay_decode_small_batch(q, k, v, g, beta, state, u_buf, k_buf, g_buf
     NV = triton.cdiv(V, BV)
     sg = (g.stride(0), g.stride(1), g.stride(2) if kda else 0)
     sgb = (g_buf.stride(0), g_buf.stride(1), g_buf.stride(2), g_buf.stride(3) if kda else 0)
-    arrive = {"kernel": 0, "cursor-first": 1, "cursor": 2}[advance] if L <= MAX_ARRIVAL_L else 0
+    arrive = {"kernel": 0, "cursor-first": 1, "cursor": 2}[advance] if cursor_word_counts_arrivals(cursor, L) else 0
     _delta_small_batch_kernel[(Bt * HV * NV,)](
         q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out,
         *q.stride(), *k.stride(), *v.stride(), *sg, *beta.stride(),

@@ -75,7 +75,7 @@ import triton
 import triton.language as tl
 
 from ..backend import num_sms
-from ..cursor import MAX_ARRIVAL_L, advance_cursor_triton, count_arrival, cursor_of_word
+from ..cursor import advance_cursor_triton, count_arrival, cursor_of_word, cursor_word_counts_arrivals
 from ..persistent import flush_row_chunks, flush_row_prefix, nth_flush_row
 
 __all__ = ["mamba2_replay_decode_triton", "launch_mamba2_replay_decode", "make_replay_config", "replay_config"]
@@ -801,7 +801,7 @@ def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor
     lowp = state.element_size() == 2 and x_buf.element_size() == 2 and x_buf.dtype == B_buf.dtype
     prec = cfg.get("dot_precision") or ("ieee" if interp else "tf32x3")
     HPG = H // G
-    if advance == "cursor" and (cursor.dtype != torch.int32 or L > MAX_ARRIVAL_L):
+    if advance == "cursor" and not cursor_word_counts_arrivals(cursor, L):
         advance = "atomic"  # the cursor word cannot carry the arrival count
     cnt = _arrival_counter(x.device, Bt) if advance == "atomic" else cursor
     adv = advance in ("atomic", "cursor")
