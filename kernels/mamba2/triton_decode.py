@@ -171,6 +171,35 @@ def _append_B(B_row, sB_n, Bb_row, sBb_l, sBb_n, Bbuf_ptr, c, N, BLOCK_N: tl.con
 
 
 @triton.jit
+def _fma_window_update(s0, bcur, d, xcb, a_h, h, offs_p, mask_p, nn, mn, db_row, sdb_h, sdb_l, xb_row, sxb_h, sxb_l,
+                       sxb_p, Bb_row, sBb_l, sBb_n, Bbuf_ptr, L, BLOCK_P: tl.constexpr, BLOCK_NF: tl.constexpr,
+                       BLOCK_L: tl.constexpr):
+    """One flush tile by rank-1 fp32 updates: ``abar * s0 + sum_j w_j x_j B_j^T`` over the whole
+    window (buffered slots ``0 .. L - 2`` and the current token, ``xcb`` / ``bcur``, weight ``d``).
+    s0: (BLOCK_P, BLOCK_NF) fp32; bcur: the current B over ``nn`` (any dtype, rounded to the
+    buffer's). The weights are built walking the slots from ``L - 2`` down to 0 with a running sum
+    of the later dt's: ``w_j = dt_j exp(A sum_{r>j} dt_r)``, ``abar = exp(A sum_r dt_r)``."""
+    bc = bcur.to(Bbuf_ptr.dtype.element_ty).to(tl.float32)
+    upd = (d * xcb.to(tl.float32))[:, None] * bc[None, :]  # the current token: weight dt_c, no decay
+    later = d  # sum of the dt's of the slots after j
+    for jj in tl.static_range(BLOCK_L - 1):
+        j = BLOCK_L - 2 - jj
+        # a buffered slot? (slots past the window read nothing and weigh 0; vector masks:
+        # the interpreter mis-types bool & 0-d bool)
+        ok = (tl.zeros([], dtype=tl.int32) + j) < L - 1
+        okp = (tl.zeros([BLOCK_P], dtype=tl.int32) + j) < L - 1
+        okn = (tl.zeros([BLOCK_NF], dtype=tl.int32) + j) < L - 1
+        dj = tl.load(db_row + h * sdb_h + j * sdb_l, mask=ok, other=0.0).to(tl.float32)
+        xj = tl.load(xb_row + h * sxb_h + j * sxb_l + offs_p * sxb_p, mask=mask_p & okp, other=0.0)
+        bj = tl.load(Bb_row + j * sBb_l + nn * sBb_n, mask=mn & okn, other=0.0)
+        wj = dj * tl.exp(tl.minimum(a_h * later, 0.0))
+        upd += (wj * xj.to(tl.float32))[:, None] * bj.to(tl.float32)[None, :]
+        later += dj
+    abar = tl.exp(tl.minimum(a_h * later, 0.0))
+    return abar * s0 + upd
+
+
+@triton.jit
 def _flush_heads(
     b, g, h0, nh, pb, c,
     x_ptr, dt_ptr, B_ptr, C_ptr, state_ptr, xbuf_ptr, dtbuf_ptr, Bbuf_ptr, A_ptr, dtbias_ptr, D_ptr, z_ptr, out_ptr,
@@ -189,7 +218,8 @@ def _flush_heads(
     HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     DOT_LOWP: tl.constexpr, DOT_PREC: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_NF: tl.constexpr, BLOCK_L: tl.constexpr,
-    s_e, bw_e, bc_e, cv_e, xw_e, dtw_e, xc_e, dr_e, FROM_EARLY: tl.constexpr, FMA: tl.constexpr,
+    s_e, bw_e, bc_e, cv_e, xw_e, dtw_e, xc_e, dr_e, a_e, dtb_e, dco_e, FROM_EARLY: tl.constexpr,
+    FMA: tl.constexpr,
 ):
     """State-and-output route for heads ``h0 .. h0 + nh - 1`` of row ``b`` (group ``g``),
     head-dim lanes of block ``pb``, at cursor ``c``: builds ``S = abar S0 + X^T diag(w) B``
@@ -202,10 +232,9 @@ def _flush_heads(
 
     FMA: the window update as rank-1 fp32 updates, one per window slot, instead of the
     ``tl.dot`` (same results and appends): any ``BLOCK_P`` (the dot needs 16 or more), fp32
-    products for every operand dtype, no operand layout changes, fewer registers; the early
-    tiles are not used. The flush window is every slot (``c = L - 1``), so the weights are
-    built walking the slots from ``L - 2`` down to 0 with a running sum of the later dt's:
-    ``w_j = dt_j exp(A sum_{r>j} dt_r)``, ``abar = exp(A sum_r dt_r)``."""
+    products for every operand dtype, no operand layout changes, fewer registers
+    (``_fma_window_update``). With FROM_EARLY the first head's checkpoint tile, B, C, x, dt
+    and constants are the early ones (the window slots are loaded one by one, as always)."""
     offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
     mask_p = offs_p < P
     (offs_l, valid_l, cur_l, xb_row, Bb_row, B_row, C_row, x_row, st_row, db_row, dt_row, z_row, o_row, x_rel,
@@ -214,13 +243,28 @@ def _flush_heads(
                          sdb_b, sBb_b, sBb_g, sz_b, so_b, BLOCK_L)
     if FMA:
         offs_nf = tl.arange(0, BLOCK_NF)
-        for i in range(0, nh):
+        i0 = 0
+        if FROM_EARLY:
+            # the first head's only tile from the early loads (no second round trip for it)
+            d = _process_dt(dr_e, dtb_e, HAS_DT_BIAS, DT_SOFTPLUS)
+            xcb = xc_e.to(xbuf_ptr.dtype.element_ty)
+            mn = offs_nf < N
+            s_ptrs = st_row + h0 * ss_h + offs_p[:, None] * ss_p + offs_nf[None, :] * ss_n
+            s_new = _fma_window_update(s_e.to(tl.float32), bc_e, d, xcb, a_e, h0, offs_p, mask_p, offs_nf, mn,
+                                       db_row, sdb_h, sdb_l, xb_row, sxb_h, sxb_l, sxb_p, Bb_row, sBb_l, sBb_n,
+                                       Bbuf_ptr, L, BLOCK_P, BLOCK_NF, BLOCK_L)
+            tl.store(s_ptrs, s_new.to(state_ptr.dtype.element_ty), mask=mask_p[:, None] & mn[None, :])
+            acc_y = tl.sum(s_new * cv_e.to(tl.float32)[None, :], 1)
+            _head_output_and_append(acc_y, h0, c, pb, xc_e, xcb, d, dco_e, offs_p, mask_p, z_row, sz_h, sz_p,
+                                    o_row, so_h, so_p, out_ptr, xb_row, sxb_h, sxb_l, sxb_p, db_row, sdb_h, sdb_l,
+                                    dtbuf_ptr, HAS_D, HAS_Z)
+            i0 = 1
+        for i in range(i0, nh):
             h = h0 + i
             a_h, dtb, dco = _head_constants(A_ptr, sA, dtbias_ptr, sdtb, D_ptr, sD, h, True, HAS_DT_BIAS, HAS_D)
             d = _process_dt(tl.load(dt_row + h * sdt_h), dtb, HAS_DT_BIAS, DT_SOFTPLUS)
             xc = tl.load(x_row + h * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
             xcb = xc.to(xbuf_ptr.dtype.element_ty)
-            wx_c = d * xcb.to(tl.float32)  # the current token: weight dt_c, no decay
             acc_y = tl.zeros([BLOCK_P], dtype=tl.float32)
             for n0 in range(0, N, BLOCK_NF):
                 nn = n0 + offs_nf
@@ -229,24 +273,10 @@ def _flush_heads(
                 s_ptrs = st_row + h * ss_h + offs_p[:, None] * ss_p + nn[None, :] * ss_n
                 s0 = tl.load(s_ptrs, mask=m2, other=0.0).to(tl.float32)
                 cv = tl.load(C_row + nn * sC_n, mask=mn, other=0.0).to(tl.float32)
-                bcur = tl.load(B_row + nn * sB_n, mask=mn, other=0.0).to(Bbuf_ptr.dtype.element_ty).to(tl.float32)
-                upd = wx_c[:, None] * bcur[None, :]
-                later = d  # sum of the dt's of the slots after j
-                for jj in tl.static_range(BLOCK_L - 1):
-                    j = BLOCK_L - 2 - jj
-                    # a buffered slot? (slots past the window read nothing and weigh 0; vector masks:
-                    # the interpreter mis-types bool & 0-d bool)
-                    ok = (tl.zeros([], dtype=tl.int32) + j) < L - 1
-                    okp = (tl.zeros([BLOCK_P], dtype=tl.int32) + j) < L - 1
-                    okn = (tl.zeros([BLOCK_NF], dtype=tl.int32) + j) < L - 1
-                    dj = tl.load(db_row + h * sdb_h + j * sdb_l, mask=ok, other=0.0).to(tl.float32)
-                    xj = tl.load(xb_row + h * sxb_h + j * sxb_l + offs_p * sxb_p, mask=mask_p & okp, other=0.0)
-                    bj = tl.load(Bb_row + j * sBb_l + nn * sBb_n, mask=mn & okn, other=0.0)
-                    wj = dj * tl.exp(tl.minimum(a_h * later, 0.0))
-                    upd += (wj * xj.to(tl.float32))[:, None] * bj.to(tl.float32)[None, :]
-                    later += dj
-                abar = tl.exp(tl.minimum(a_h * later, 0.0))
-                s_new = abar * s0 + upd
+                bcur = tl.load(B_row + nn * sB_n, mask=mn, other=0.0)
+                s_new = _fma_window_update(s0, bcur, d, xcb, a_h, h, offs_p, mask_p, nn, mn, db_row, sdb_h, sdb_l,
+                                           xb_row, sxb_h, sxb_l, sxb_p, Bb_row, sBb_l, sBb_n, Bbuf_ptr, L, BLOCK_P,
+                                           BLOCK_NF, BLOCK_L)
                 tl.store(s_ptrs, s_new.to(state_ptr.dtype.element_ty), mask=m2)
                 acc_y += tl.sum(s_new * cv[None, :], 1)
             _head_output_and_append(acc_y, h, c, pb, xc, xcb, d, dco, offs_p, mask_p, z_row, sz_h, sz_p,
@@ -465,7 +495,8 @@ def _mamba2_replay_kernel(
                 sz_b, sz_h, sz_p, so_b, so_h, so_p,
                 HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DOT_LOWP, DOT_PREC, BLOCK_P, BLOCK_NF, BLOCK_L,
                 s_early, bw_early, bcur_early, cv_early, xw_early, dtw_early, xc_early, dr_early,
-                EARLY_LOAD and BLOCK_NF == BLOCK_N and not FLUSH_FMA,  # the first head's tiles are loaded
+                a_early, dtb_early, dco_early,
+                EARLY_LOAD and BLOCK_NF == BLOCK_N,  # the first head's tiles are loaded
                 FLUSH_FMA,
             )
         else:
@@ -624,7 +655,7 @@ def _mamba2_flush_kernel(
             sxb_b, sxb_h, sxb_l, sxb_p, sdb_b, sdb_h, sdb_l, sBb_b, sBb_g, sBb_l, sBb_n, sA, sdtb, sD,
             sz_b, sz_h, sz_p, so_b, so_h, so_p,
             HAS_DT_BIAS, HAS_D, HAS_Z, DT_SOFTPLUS, DOT_LOWP, DOT_PREC, BLOCK_P, BLOCK_NF, BLOCK_L,
-            0, 0, 0, 0, 0, 0, 0, 0, False, False,
+            0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, False, False,
         )
         if (hc == 0) & (pb == 0):  # one item per (row, group) appends B
             _append_B(B_ptr + b * sB_b + g * sB_g, sB_n, Bbuf_ptr + b * sBb_b + g * sBb_g, sBb_l, sBb_n, Bbuf_ptr, c,
@@ -754,6 +785,11 @@ def replay_config(Bt: int, H: int, P: int, N: int, G: int, L: int, state_bytes: 
     flush_fma = small and not lowp and BLOCK_L <= 16
     if flush_fma:
         warps = 4 if Bt * G * triton.cdiv(HPG, HC) * n_pb <= 3 * n_sm else 1
+        if warps == 1:
+            # one flush tile spanning the state dim: the first head's flush starts from the early
+            # loads, and each window slot's x and weight serve the whole row (H200, batch 1, L=16,
+            # whole cycle, same run; results/mamba2_flush_tile_h200_2026-12-02.md)
+            BLOCK_NF = BLOCK_N
     return make_replay_config(H, P, N, G, L, BLOCK_P, HC, BLOCK_N, BLOCK_NF, num_warps=warps, num_stages=stages,
                               early_load=True, flush_fma=flush_fma)
 

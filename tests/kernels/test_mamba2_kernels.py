@@ -126,17 +126,18 @@ def test_replay_split_and_kernel_advance_variants():
         check_replay_trajectory(variant(None, None, early), prob, steps=7)
 
 
-@pytest.mark.parametrize("L,BLOCK_P,HC,N,BLOCK_NF,early", [
-    (3, 4, 1, 40, 16, False),   # 4-lane blocks, state dim in three flush tiles
-    (4, 8, 2, 16, 16, True),    # two heads per program, early loads
-    (1, 16, 1, 16, 16, True),   # every step flushes: the window is the current token alone
+@pytest.mark.parametrize("L,BLOCK_P,HC,N,BLOCK_N,BLOCK_NF,early", [
+    (3, 4, 1, 40, 16, 16, False),  # 4-lane blocks, state dim in three flush tiles
+    (4, 8, 2, 16, 16, 16, True),   # two heads per program, early loads: the first head's flush from them
+    (1, 16, 1, 16, 16, 16, True),  # every step flushes: the window is the current token alone
+    (3, 8, 2, 40, 64, 64, True),   # one masked flush tile wider than the state dim, from the early loads
 ])
-def test_replay_flush_fma_variant(L, BLOCK_P, HC, N, BLOCK_NF, early):
+def test_replay_flush_fma_variant(L, BLOCK_P, HC, N, BLOCK_N, BLOCK_NF, early):
     """The flush route with rank-1 fp32 updates (``flush_fma``, any BLOCK_P) matches the reference."""
     from replayssm.kernels.mamba2.triton_decode import launch_mamba2_replay_decode, make_replay_config
 
-    cfg = make_replay_config(4, 16, N, 2, L, BLOCK_P=BLOCK_P, HC=HC, BLOCK_N=16 if N > 16 else None,
-                             BLOCK_NF=BLOCK_NF, early_load=early, flush_fma=True)
+    cfg = make_replay_config(4, 16, N, 2, L, BLOCK_P=BLOCK_P, HC=HC, BLOCK_N=BLOCK_N, BLOCK_NF=BLOCK_NF,
+                             early_load=early, flush_fma=True)
 
     def fn(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None, sp=True, out=None):
         launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, sp, out,
@@ -167,8 +168,9 @@ def test_default_config_takes_the_rank1_flush_route_only_where_measured_faster()
     super_, m27 = (128, 64, 128, 8), (80, 64, 128, 1)
     c = replay_config(1, *super_, 16, 4, 2, 132)
     assert c["flush_fma"] and c["num_warps"] == 1
+    assert c["BLOCK_NF"] == c["BLOCK_N"] == 128  # one flush tile: the first head flushes from the early loads
     c = replay_config(1, *m27, 8, 4, 2, 132)  # 320 programs <= 3 x 132
-    assert c["flush_fma"] and c["num_warps"] == 4
+    assert c["flush_fma"] and c["num_warps"] == 4 and c["BLOCK_NF"] == 64
     for args in ((8, *super_, 16, 4, 2), (1, *super_, 32, 4, 2), (1, *super_, 16, 2, 2), (4, *m27, 16, 2, 2)):
         c = replay_config(*args, 132)
         assert not c["flush_fma"], args
