@@ -17,7 +17,8 @@ reads the row's cursor ``c`` on the device and takes one of two routes:
   pair before computing the current one; stored as the new checkpoint in the state dtype,
   ``y`` is read from the fp32 ``S``. With ``flush_fma`` (the default up to batch 4 with an fp32
   checkpoint and L <= 16) the window update is one rank-1 fp32 update per slot instead
-  (``_flush_heads`` with ``FMA``): no ``tl.dot``, so any ``BLOCK_P`` and fewer registers.
+  (``_flush_heads`` with ``FMA``): no ``tl.dot``, so any ``BLOCK_P`` and fewer registers; with
+  one warp its tile spans the state dim, so a program's first head flushes from the early loads.
 
 Both routes append the current ``(x, dt, B)`` at slot ``c``: ``x`` by every program for its
 own lanes, ``dt`` by the program of lane block 0 of each head, ``B`` by one program per
