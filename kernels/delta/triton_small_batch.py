@@ -211,7 +211,8 @@ def delta_replay_decode_small_batch(q, k, v, g, beta, state, u_buf, k_buf, g_buf
     L <= 127; module notes) or with a second launch (``"kernel"``, and for longer buffers).
     Default: ``"cursor-first"`` up to batch 2, ``"cursor"`` above (``SMALL_BATCH_ADVANCE``).
     ``early_load``: the checkpoint tile and the current token's inputs are loaded without waiting
-    for the cursor (off by default until measured on a GPU)."""
+    for the cursor. Off by default: slower in 16 of 18 measured cells at batch 1-4 (H200;
+    ``examples/benchmarks/results/delta_early_load_h200_2026-12-02.md``)."""
     if advance is None:
         advance = "cursor-first" if q.shape[0] <= SMALL_BATCH_ADVANCE else "cursor"
     if advance not in ("cursor", "cursor-first", "kernel"):
