@@ -372,19 +372,18 @@ def _flush_heads(
 
 
 @triton.jit
-def _mamba2_replay_kernel(
+def _replay_program(
     x_ptr, dt_ptr, B_ptr, C_ptr, state_ptr, xbuf_ptr, dtbuf_ptr, Bbuf_ptr, cursor_ptr, A_ptr,
     dtbias_ptr, D_ptr, z_ptr, out_ptr, cnt_ptr,
-    P: tl.constexpr, N: tl.constexpr, L: tl.constexpr, G: tl.constexpr, HPG: tl.constexpr, HC: tl.constexpr,
-    n_hc: tl.constexpr, n_pb: tl.constexpr,
+    P, N, L, G, HPG, HC, n_hc, n_pb,
     sx_b, sx_h, sx_p,
     sdt_b, sdt_h,
     sB_b, sB_g, sB_n,
     sC_b, sC_g, sC_n,
-    ss_b: tl.constexpr, ss_h: tl.constexpr, ss_p: tl.constexpr, ss_n: tl.constexpr,
-    sxb_b: tl.constexpr, sxb_h: tl.constexpr, sxb_l: tl.constexpr, sxb_p: tl.constexpr,
-    sdb_b: tl.constexpr, sdb_h: tl.constexpr, sdb_l: tl.constexpr,
-    sBb_b: tl.constexpr, sBb_g: tl.constexpr, sBb_l: tl.constexpr, sBb_n: tl.constexpr,
+    ss_b, ss_h, ss_p, ss_n,
+    sxb_b, sxb_h, sxb_l, sxb_p,
+    sdb_b, sdb_h, sdb_l,
+    sBb_b, sBb_g, sBb_l, sBb_n,
     s_cur, sA, sdtb, sD,
     sz_b, sz_h, sz_p,
     so_b, so_h, so_p,
@@ -610,6 +609,74 @@ def _mamba2_replay_kernel(
 
 
 @triton.jit
+def _mamba2_replay_kernel(
+    x_ptr, dt_ptr, B_ptr, C_ptr, state_ptr, xbuf_ptr, dtbuf_ptr, Bbuf_ptr, cursor_ptr, A_ptr,
+    dtbias_ptr, D_ptr, z_ptr, out_ptr, cnt_ptr,
+    P: tl.constexpr, N: tl.constexpr, L: tl.constexpr, G: tl.constexpr, HPG: tl.constexpr, HC: tl.constexpr,
+    n_hc: tl.constexpr, n_pb: tl.constexpr,
+    sx_b, sx_h, sx_p,
+    sdt_b, sdt_h,
+    sB_b, sB_g, sB_n,
+    sC_b, sC_g, sC_n,
+    ss_b: tl.constexpr, ss_h: tl.constexpr, ss_p: tl.constexpr, ss_n: tl.constexpr,
+    sxb_b: tl.constexpr, sxb_h: tl.constexpr, sxb_l: tl.constexpr, sxb_p: tl.constexpr,
+    sdb_b: tl.constexpr, sdb_h: tl.constexpr, sdb_l: tl.constexpr,
+    sBb_b: tl.constexpr, sBb_g: tl.constexpr, sBb_l: tl.constexpr, sBb_n: tl.constexpr,
+    s_cur, sA, sdtb, sD,
+    sz_b, sz_h, sz_p,
+    so_b, so_h, so_p,
+    HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+    ZERO_IDLE: tl.constexpr, ROUTE: tl.constexpr, ADVANCE: tl.constexpr, DOT_LOWP: tl.constexpr,
+    DOT_PREC: tl.constexpr, EARLY_LOAD: tl.constexpr, ADV_SEM: tl.constexpr, FLUSH_FMA: tl.constexpr,
+    ARRIVE_ON_CURSOR: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NF: tl.constexpr, BLOCK_L: tl.constexpr,
+):
+    """One replay step; sizes and the strides of the checkpoint and of the buffers are compile-time
+    constants (``specialize``, the default: fewer registers, instructions and kernel arguments)."""
+    _replay_program(
+        x_ptr, dt_ptr, B_ptr, C_ptr, state_ptr, xbuf_ptr, dtbuf_ptr, Bbuf_ptr, cursor_ptr, A_ptr, dtbias_ptr, D_ptr,
+        z_ptr, out_ptr, cnt_ptr, P, N, L, G, HPG, HC, n_hc, n_pb, sx_b, sx_h, sx_p, sdt_b, sdt_h, sB_b, sB_g, sB_n,
+        sC_b, sC_g, sC_n, ss_b, ss_h, ss_p, ss_n, sxb_b, sxb_h, sxb_l, sxb_p, sdb_b, sdb_h, sdb_l, sBb_b, sBb_g,
+        sBb_l, sBb_n, s_cur, sA, sdtb, sD, sz_b, sz_h, sz_p, so_b, so_h, so_p, HAS_DT_BIAS, HAS_D, HAS_Z,
+        DT_SOFTPLUS, ZERO_IDLE, ROUTE, ADVANCE, DOT_LOWP, DOT_PREC, EARLY_LOAD, ADV_SEM, FLUSH_FMA, ARRIVE_ON_CURSOR,
+        BLOCK_P, BLOCK_N, BLOCK_NF, BLOCK_L,
+    )
+
+
+@triton.jit
+def _mamba2_replay_kernel_dyn(
+    x_ptr, dt_ptr, B_ptr, C_ptr, state_ptr, xbuf_ptr, dtbuf_ptr, Bbuf_ptr, cursor_ptr, A_ptr,
+    dtbias_ptr, D_ptr, z_ptr, out_ptr, cnt_ptr,
+    P, N, L, G, HPG, HC, n_hc, n_pb,
+    sx_b, sx_h, sx_p,
+    sdt_b, sdt_h,
+    sB_b, sB_g, sB_n,
+    sC_b, sC_g, sC_n,
+    ss_b, ss_h, ss_p, ss_n,
+    sxb_b, sxb_h, sxb_l, sxb_p,
+    sdb_b, sdb_h, sdb_l,
+    sBb_b, sBb_g, sBb_l, sBb_n,
+    s_cur, sA, sdtb, sD,
+    sz_b, sz_h, sz_p,
+    so_b, so_h, so_p,
+    HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+    ZERO_IDLE: tl.constexpr, ROUTE: tl.constexpr, ADVANCE: tl.constexpr, DOT_LOWP: tl.constexpr,
+    DOT_PREC: tl.constexpr, EARLY_LOAD: tl.constexpr, ADV_SEM: tl.constexpr, FLUSH_FMA: tl.constexpr,
+    ARRIVE_ON_CURSOR: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NF: tl.constexpr, BLOCK_L: tl.constexpr,
+):
+    """One replay step with sizes and strides as runtime arguments (``specialize=False``)."""
+    _replay_program(
+        x_ptr, dt_ptr, B_ptr, C_ptr, state_ptr, xbuf_ptr, dtbuf_ptr, Bbuf_ptr, cursor_ptr, A_ptr, dtbias_ptr, D_ptr,
+        z_ptr, out_ptr, cnt_ptr, P, N, L, G, HPG, HC, n_hc, n_pb, sx_b, sx_h, sx_p, sdt_b, sdt_h, sB_b, sB_g, sB_n,
+        sC_b, sC_g, sC_n, ss_b, ss_h, ss_p, ss_n, sxb_b, sxb_h, sxb_l, sxb_p, sdb_b, sdb_h, sdb_l, sBb_b, sBb_g,
+        sBb_l, sBb_n, s_cur, sA, sdtb, sD, sz_b, sz_h, sz_p, so_b, so_h, so_p, HAS_DT_BIAS, HAS_D, HAS_Z,
+        DT_SOFTPLUS, ZERO_IDLE, ROUTE, ADVANCE, DOT_LOWP, DOT_PREC, EARLY_LOAD, ADV_SEM, FLUSH_FMA, ARRIVE_ON_CURSOR,
+        BLOCK_P, BLOCK_N, BLOCK_NF, BLOCK_L,
+    )
+
+
+@triton.jit
 def _mamba2_flush_kernel(
     x_ptr, dt_ptr, B_ptr, C_ptr, state_ptr, xbuf_ptr, dtbuf_ptr, Bbuf_ptr, cursor_ptr, A_ptr,
     dtbias_ptr, D_ptr, z_ptr, out_ptr,
@@ -692,7 +759,7 @@ def _pow2(v: int) -> int:
 def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC: int, BLOCK_N: int | None = None,
                        BLOCK_NF: int | None = None, num_warps: int = 4, num_stages: int = 1, route: str = "fused",
                        advance: str = "atomic", flush: dict | None = None, early_load: bool = False,
-                       advance_sem: str = "relaxed", flush_fma: bool = False) -> dict:
+                       advance_sem: str = "relaxed", flush_fma: bool = False, specialize: bool = True) -> dict:
     """A complete launch configuration from its free knobs.
 
     ``advance``: how the cursor moves on (``"atomic"``, the default: arrivals counted on a separate
@@ -703,6 +770,10 @@ def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC:
 
     ``flush_fma``: the replay kernel's flush route builds the window update from rank-1 fp32
     updates instead of a ``tl.dot`` (``_flush_heads`` with ``FMA``); ``BLOCK_P`` may then be below 16.
+
+    ``specialize``: the replay kernel with the sizes and the strides of the checkpoint and of the
+    buffers as compile-time constants (``_mamba2_replay_kernel``); False: as runtime arguments
+    (``_mamba2_replay_kernel_dyn``, same program). See ``replay_config`` for when each is faster.
 
     ``flush``: knobs of the persistent flush launch of ``route='split'`` (``BLOCK_P``, ``HC``,
     ``BLOCK_NF``, ``num_warps``, ``num_stages``, ``programs_per_sm`` (default 4) or an absolute
@@ -721,7 +792,7 @@ def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC:
     cfg = dict(BLOCK_P=int(BLOCK_P), BLOCK_N=int(BLOCK_N), BLOCK_NF=int(BLOCK_NF or min(BLOCK_N, 64)),
                BLOCK_L=max(16, _pow2(L)), HC=HC, n_hc=n_hc, n_pb=triton.cdiv(P, BLOCK_P), num_warps=int(num_warps),
                num_stages=int(num_stages), route=route, advance=advance, early_load=bool(early_load),
-               advance_sem=advance_sem, flush_fma=bool(flush_fma))
+               advance_sem=advance_sem, flush_fma=bool(flush_fma), specialize=bool(specialize))
     if route == "split":
         f = dict(BLOCK_P=max(16, cfg["BLOCK_P"]), HC=HC, num_warps=num_warps, num_stages=num_stages,
                  BLOCK_NF=cfg["BLOCK_NF"])
@@ -775,8 +846,15 @@ def replay_config(Bt: int, H: int, P: int, N: int, G: int, L: int, state_bytes: 
     BLOCK_L = max(16, _pow2(L))
     lowp = state_bytes == 2 and act_bytes == 2
     BLOCK_NF = max(16, min(BLOCK_N, 64 * 16 // BLOCK_L))
-    stages = 2 if lowp and not small else 1
+    stages = 1
     warps = 1 if lowp else 2
+    # Sizes and buffer strides as compile-time constants (``specialize``) everywhere but with
+    # 16-bit checkpoint and activations from batch 5, where the runtime-argument kernel in one
+    # stage is faster (H200, L=16, whole cycle, same run, batch 256, against the specialized
+    # kernel in two stages: Nano-4B 1.17x, Super 1.04x, Mamba2-2.7B 1.08x; the specialized
+    # kernel in one stage 0.95-1.00x of the old default); batch 1: specialized 1.05-1.07x faster
+    # on the Nemotron shapes (results/mamba2_constexpr_h200_2026-12-02.md).
+    specialize = not (lowp and not small)
     # Up to batch 4 with an fp32 checkpoint: the flush route's window update as rank-1 fp32
     # updates instead of a tl.dot, which no longer spills with one warp; one warp per program,
     # or 4 when the grid fits one wave of 4-warp programs (three per multiprocessor by
@@ -793,7 +871,7 @@ def replay_config(Bt: int, H: int, P: int, N: int, G: int, L: int, state_bytes: 
             # whole cycle, same run; results/mamba2_flush_tile_h200_2026-12-02.md)
             BLOCK_NF = BLOCK_N
     return make_replay_config(H, P, N, G, L, BLOCK_P, HC, BLOCK_N, BLOCK_NF, num_warps=warps, num_stages=stages,
-                              early_load=True, flush_fma=flush_fma)
+                              early_load=True, flush_fma=flush_fma, specialize=specialize)
 
 
 def _interpreting() -> bool:
@@ -855,7 +933,8 @@ def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor
 
     def launch(c, route_id, zero, advance_here):
         grid = (Bt * G * c["n_hc"] * c["n_pb"],)
-        _mamba2_replay_kernel[grid](
+        kernel = _mamba2_replay_kernel if c.get("specialize", True) else _mamba2_replay_kernel_dyn
+        kernel[grid](
             *tensors, cnt, P, N, L, G, HPG, c["HC"], c["n_hc"], c["n_pb"], *strides, **flags,
             ZERO_IDLE=bool(zero), ROUTE=route_id, ADVANCE=advance_here,
             EARLY_LOAD=bool(c.get("early_load", False)) and c["BLOCK_N"] >= N,

@@ -152,6 +152,29 @@ def test_replay_flush_fma_variant(L, BLOCK_P, HC, N, BLOCK_N, BLOCK_NF, early):
     assert worst["y_exact"] < 1e-4 and worst["state_exact"] < 1e-4, worst
 
 
+@pytest.mark.parametrize("fma", [False, True], ids=["dot-flush", "fma-flush"])
+def test_replay_runtime_layout_kernel(fma):
+    """``specialize=False`` (sizes and buffer strides as runtime arguments, ``_mamba2_replay_kernel_dyn``)
+    runs the same program: equal to the reference on both routes, several heads and state tiles per
+    program, with strided inputs."""
+    from replayssm.kernels.mamba2.triton_decode import launch_mamba2_replay_decode, make_replay_config
+
+    cfg = make_replay_config(4, 16, 40, 2, 3, BLOCK_P=16, HC=2, BLOCK_N=16, BLOCK_NF=16, flush_fma=fma,
+                             specialize=False)
+    assert not cfg["specialize"]
+
+    def fn(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None, sp=True, out=None):
+        launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, sp, out,
+                                    False, config=cfg)
+        return out
+
+    prob = Problem(3, 4, 16, 40, 2, 3, torch.float32, torch.float32, DEV, [2, 0, -1], seed=31, has_z=True,
+                   has_D=True, has_bias=True, strided=True)
+    worst = check_replay_trajectory(fn, prob, steps=7)
+    assert worst["flushes"] >= 2
+    assert worst["y_exact"] < 1e-4 and worst["state_exact"] < 1e-4, worst
+
+
 def test_replay_config_needs_16_lanes_for_the_dot_flush():
     from replayssm.kernels.mamba2.triton_decode import make_replay_config
 
