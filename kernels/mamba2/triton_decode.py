@@ -832,9 +832,7 @@ def replay_config(Bt: int, H: int, P: int, N: int, G: int, L: int, state_bytes: 
     # row's programs (which walk their heads one after the other) stay short when only some
     # rows of the batch flush.
     HC = max(1, min(HPG, 16, (Bt * G * n_pb * HPG) // (8 * n_sm)))
-    # Flush tiles of 64 state columns (halved for windows longer than 16). With 16-bit
-    # operands the loops are software-pipelined in 2 stages (H200, batch 256, Super shape,
-    # bf16 checkpoint: flush step 716 vs 1269 µs, other steps unchanged; no gain at fp32).
+    # Flush tiles of 64 state columns (halved for windows longer than 16).
     # Few warps per program from batch 5 too: the state-dim reductions then stay within a warp
     # and more programs fit per SM (H200, Super shape, L=16, whole cycle at batch 256: fp32
     # checkpoint 2 warps + 64-column flush tiles 309 vs 337 µs with 4 warps and 32 columns;
@@ -848,13 +846,13 @@ def replay_config(Bt: int, H: int, P: int, N: int, G: int, L: int, state_bytes: 
     BLOCK_NF = max(16, min(BLOCK_N, 64 * 16 // BLOCK_L))
     stages = 1
     warps = 1 if lowp else 2
-    # Sizes and buffer strides as compile-time constants (``specialize``) everywhere but with
-    # 16-bit checkpoint and activations from batch 5, where the runtime-argument kernel in one
-    # stage is faster (H200, L=16, whole cycle, same run, batch 256, against the specialized
-    # kernel in two stages: Nano-4B 1.17x, Super 1.04x, Mamba2-2.7B 1.08x; the specialized
-    # kernel in one stage 0.95-1.00x of the old default); batch 1: specialized 1.05-1.07x faster
-    # on the Nemotron shapes (results/mamba2_constexpr_h200_2026-12-02.md).
-    specialize = not (lowp and not small)
+    # One stage: with 16-bit operands two stages were 1.02-1.05x slower at batch 32-512 on all three
+    # shapes (H200, L=16, whole cycle, same run). Sizes and buffer strides as compile-time constants
+    # (``specialize``) everywhere but with 16-bit checkpoint and activations above batch 8, where the
+    # runtime-argument kernel is faster (batch 32-512: 1.02-1.08x); fp32 checkpoint:
+    # specialized 1.01-1.09x faster at every batch 1-512; 16-bit at batch 1-8: 1.00-1.07x
+    # (results/mamba2_constexpr_h200_2026-12-02.md).
+    specialize = not lowp or Bt <= 8
     # Up to batch 4 with an fp32 checkpoint: the flush route's window update as rank-1 fp32
     # updates instead of a tl.dot, which no longer spills with one warp; one warp per program,
     # or 4 when the grid fits one wave of 4-warp programs (three per multiprocessor by

@@ -200,6 +200,18 @@ def test_default_config_takes_the_rank1_flush_route_only_where_measured_faster()
         assert c["num_warps"] == (1 if args[-2] == 2 else 2), args
 
 
+def test_default_config_specializes_except_16bit_serving_batches():
+    """Compile-time sizes and strides everywhere but 16-bit checkpoint and activations above batch 8;
+    one software-pipelining stage everywhere (both measured faster)."""
+    from replayssm.kernels.mamba2.triton_decode import replay_config
+
+    super_ = (128, 64, 128, 8)
+    for Bt, s, a, spec in ((1, 4, 2, True), (256, 4, 2, True), (1, 2, 2, True), (8, 2, 2, True), (9, 2, 2, False),
+                           (256, 2, 2, False), (256, 2, 4, True)):
+        c = replay_config(Bt, *super_, 16, s, a, 132)
+        assert c["specialize"] is spec and c["num_stages"] == 1, (Bt, s, a)
+
+
 def test_replay_config_rejects_unknown_arrival_ordering():
     from replayssm.kernels.mamba2.triton_decode import make_replay_config
 
