@@ -267,3 +267,31 @@ def test_decode_benchmark_keeps_the_batches_that_fit(monkeypatch):
     meta = dict(versions={}, date="d", dtype="bfloat16", L=2, state_dtype=None, prompt=3, cycles=1, reference=False)
     md = bench_decode.table([dict(model="m", description="d", stock_ssm="x", rows=[row, oom])], meta)
     assert "| 1 | 2 | 1 | 2.00x |" in md and "| 3 | not run: out of memory: CUDA out of memory." in md
+
+
+def test_kernel_ab_smoke_run(tmp_path):
+    """examples/benchmarks/kernel_ab.py --smoke times a baseline module file, the installed kernel and
+    a launch setting on the same data and writes both tables; bad input is refused in one line."""
+    import json
+    import os
+
+    script = str(ROOT / "examples" / "benchmarks" / "kernel_ab.py")
+    baseline = ROOT / "kernels" / "mamba2" / "triton_decode.py"  # any triton_decode.py of the family
+    env = dict(os.environ, TRITON_INTERPRET="1", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    proc = subprocess.run([sys.executable, script, "--family", "mamba2", "--smoke", "--dtypes", "float32",
+                           "--baseline", str(baseline), "--settings", '[{"specialize": false}]', "--out",
+                           str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads((tmp_path / "kernel_ab.json").read_text())
+    (row,) = data["rows"]
+    assert list(row["us"]) == ["baseline", "default", '{"specialize": false}', "step"]
+    assert all(v > 0 for v in row["us"].values()) and row["speed_vs_ref"]["baseline"] == 1.0
+    assert data["meta"]["L"] == 4 and "| smoke | 2 | float32 |" in (tmp_path / "kernel_ab.md").read_text()
+    for args, message in ((["--baseline", str(tmp_path / "nope.py")], "--baseline: no such file"),
+                          (["--settings", "{}"], "--settings takes a JSON list of objects"),
+                          (["--dtypes", "int8"], "--dtypes: unknown"),
+                          (["--batches", "x"], "--batches takes comma-separated integers")):
+        bad = subprocess.run([sys.executable, script, "--family", "delta", "--smoke", *args, "--out",
+                              str(tmp_path / "bad")], capture_output=True, text=True, env=env, timeout=300)
+        assert bad.returncode == 2 and message in bad.stderr, (args, bad.stderr[-500:])
+        assert "Traceback" not in bad.stderr

@@ -65,6 +65,14 @@ dim). Loads after the branch on the cursor wait for it: the compiler does not ho
 (H200, batch 1, whole cycle, same run: the constants loaded early made Mamba2-2.7B with an fp32
 checkpoint 1.057x and the Super shape with a bf16 one 1.086x faster;
 ``examples/benchmarks/results/mamba2_head_constants_h200_2026-12-02.md``).
+
+The program (``_replay_program``) is launched through one of two kernels: ``_mamba2_replay_kernel``
+takes the sizes and the strides of the checkpoint and of the buffers as ``tl.constexpr`` (they fold
+into the address arithmetic; one compile per layer shape), ``_mamba2_replay_kernel_dyn`` as runtime
+arguments (``specialize=False``). Specializing changes register allocation and scheduling, not the
+bytes moved, and which is faster depends on the case (``replay_config`` notes; H200, against the
+runtime kernel of before: batch 1 1.01-1.07x, batch 256 1.01-1.02x with the defaults;
+``examples/benchmarks/results/mamba2_constexpr_h200_2026-12-02.md``).
 """
 
 from __future__ import annotations
