@@ -165,10 +165,32 @@ class Layer:
         return bufs
 
 
-def bench_config(name, shape, Bt, sdt, adt, Ls, mssu, hf, dev, copy_bw, use_graph=True, hf_max_batch=256,
-                 tuned=None, stagger_L=16, copies=None):
+def step_steps(lay, K):
+    """A function running ``K`` steps of our fused per-step kernel on every copy of ``lay``'s state."""
     from replayssm.kernels.mamba2.triton_step import launch_mamba2_step_decode
 
+    def body():
+        for _ in range(K):
+            for st in lay.states:
+                launch_mamba2_step_decode(lay.x, lay.dt, lay.B, lay.C, st, lay.A, lay.dt_bias, lay.D, None, True,
+                                          lay.out)
+
+    return body
+
+
+def mamba_ssm_steps(lay, mssu, K):
+    """A function running ``K`` steps of mamba_ssm's ``selective_state_update`` on every copy."""
+    def body():
+        for _ in range(K):
+            for st in lay.states:
+                mssu(st, lay.x, lay.dt_hf, lay.A_hf, lay.B, lay.C, D=lay.D_hf, z=None, dt_bias=lay.dtb_hf,
+                     dt_softplus=True)
+
+    return body
+
+
+def bench_config(name, shape, Bt, sdt, adt, Ls, mssu, hf, dev, copy_bw, use_graph=True, hf_max_batch=256,
+                 tuned=None, stagger_L=16, copies=None):
     H, P, N, G = shape
     s, a = torch.tensor([], dtype=sdt).element_size(), torch.tensor([], dtype=adt).element_size()
     R = copies or copies_for(Bt, H, P, N, s)
@@ -179,22 +201,10 @@ def bench_config(name, shape, Bt, sdt, adt, Ls, mssu, hf, dev, copy_bw, use_grap
     res["step_floor_us"] = sb / copy_bw * 1e6
     K = 4  # per-step variants: K steps over each copy
 
-    def step_body():
-        for _ in range(K):
-            for st in lay.states:
-                launch_mamba2_step_decode(lay.x, lay.dt, lay.B, lay.C, st, lay.A, lay.dt_bias, lay.D, None, True,
-                                          lay.out)
-
-    res["step_us"] = time_steps(step_body, K * R, graph=use_graph)
+    res["step_us"] = time_steps(step_steps(lay, K), K * R, graph=use_graph)
     if mssu is not None:
-        def mssu_body():
-            for _ in range(K):
-                for st in lay.states:
-                    mssu(st, lay.x, lay.dt_hf, lay.A_hf, lay.B, lay.C, D=lay.D_hf, z=None, dt_bias=lay.dtb_hf,
-                         dt_softplus=True)
-
         try:
-            res["mamba_ssm_us"] = time_steps(mssu_body, K * R, graph=use_graph)
+            res["mamba_ssm_us"] = time_steps(mamba_ssm_steps(lay, mssu, K), K * R, graph=use_graph)
         except Exception as e:
             res["mamba_ssm_error"] = f"{type(e).__name__}: {e}"[:300]
     if hf is not None and Bt <= hf_max_batch:

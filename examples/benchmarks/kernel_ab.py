@@ -59,10 +59,9 @@ def load_baseline(family: str, path: str):
 
 def mamba2_cell(mods, settings, name, shape, Bt, sdt, L, R, dev, mssu):
     """Bodies (name -> (fn, steps)) for one Mamba-2 cell; every variant on the same data."""
-    from bench_mamba2 import Layer
+    from bench_mamba2 import Layer, mamba_ssm_steps, step_steps
 
     from replayssm.kernels.backend import num_sms
-    from replayssm.kernels.mamba2.triton_step import launch_mamba2_step_decode
 
     H, P, N, G = shape
     lay = Layer(Bt, H, P, N, G, sdt, torch.bfloat16, R, dev)
@@ -83,22 +82,9 @@ def mamba2_cell(mods, settings, name, shape, Bt, sdt, L, R, dev, mssu):
     for s in settings:
         bodies[json.dumps(s)] = replay(cur_mod, dict(base_cfg, **s))
     K = 4
-
-    def step():
-        for _ in range(K):
-            for st in lay.states:
-                launch_mamba2_step_decode(lay.x, lay.dt, lay.B, lay.C, st, lay.A, lay.dt_bias, lay.D, None, True,
-                                          lay.out)
-
-    bodies["step"] = (step, K * R)
+    bodies["step"] = (step_steps(lay, K), K * R)
     if mssu is not None:
-        def ssu():
-            for _ in range(K):
-                for st in lay.states:
-                    mssu(st, lay.x, lay.dt_hf, lay.A_hf, lay.B, lay.C, D=lay.D_hf, z=None, dt_bias=lay.dtb_hf,
-                         dt_softplus=True)
-
-        bodies["mamba_ssm"] = (ssu, K * R)
+        bodies["mamba_ssm"] = (mamba_ssm_steps(lay, mssu, K), K * R)
     return bodies
 
 
