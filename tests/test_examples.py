@@ -278,19 +278,21 @@ def test_kernel_ab_smoke_run(tmp_path):
     script = str(ROOT / "examples" / "benchmarks" / "kernel_ab.py")
     baseline = ROOT / "kernels" / "mamba2" / "triton_decode.py"  # any triton_decode.py of the family
     env = dict(os.environ, TRITON_INTERPRET="1", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    setting = '[{"specialize": false, "BLOCK_P": 8}]'  # BLOCK_P: the configuration is rebuilt (2 lane blocks)
     proc = subprocess.run([sys.executable, script, "--family", "mamba2", "--smoke", "--dtypes", "float32",
-                           "--baseline", str(baseline), "--settings", '[{"specialize": false}]', "--out",
-                           str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)
+                           "--baseline", str(baseline), "--settings", setting, "--out", str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads((tmp_path / "kernel_ab.json").read_text())
     (row,) = data["rows"]
-    assert list(row["us"]) == ["baseline", "default", '{"specialize": false}', "step"]
+    assert list(row["us"]) == ["baseline", "default", '{"specialize": false, "BLOCK_P": 8}', "step"]
     assert all(v > 0 for v in row["us"].values()) and row["speed_vs_ref"]["baseline"] == 1.0
     assert data["meta"]["L"] == 4 and "| smoke | 2 | float32 |" in (tmp_path / "kernel_ab.md").read_text()
     for args, message in ((["--baseline", str(tmp_path / "nope.py")], "--baseline: no such file"),
                           (["--settings", "{}"], "--settings takes a JSON list of objects"),
                           (["--dtypes", "int8"], "--dtypes: unknown"),
-                          (["--batches", "x"], "--batches takes comma-separated integers")):
+                          (["--batches", "x"], "--batches takes comma-separated integers"),
+                          (["--settings", '[{"BLOCK_P": 8}]'], "--settings: unknown ['BLOCK_P']")):
         bad = subprocess.run([sys.executable, script, "--family", "delta", "--smoke", *args, "--out",
                               str(tmp_path / "bad")], capture_output=True, text=True, env=env, timeout=300)
         assert bad.returncode == 2 and message in bad.stderr, (args, bad.stderr[-500:])

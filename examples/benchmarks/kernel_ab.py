@@ -8,9 +8,10 @@ graphs, interleaved over ``--reps`` rounds (median kept):
   the same family, e.g. ``git show main:kernels/mamba2/triton_decode.py > old.py``), loaded by path
   as a sibling module of the installed one;
 * ``default``: the installed kernel with its default launch settings;
-* one column per entry of ``--settings`` (JSON list): Mamba-2: keys laid over the default launch
-  configuration (``replay_config``, e.g. ``{"specialize": false, "num_stages": 2}``); delta rule:
-  keyword knobs of ``delta_replay_decode_triton``;
+* one column per entry of ``--settings`` (JSON list): Mamba-2: knobs of ``make_replay_config`` laid
+  over the defaults of ``replay_config`` (e.g. ``{"specialize": false, "num_stages": 2}``,
+  ``{"BLOCK_P": 8}``; the configuration is rebuilt from them); delta rule: keyword knobs of
+  ``delta_replay_decode_triton``;
 * ``step`` (our fused per-step kernel) and, for Mamba-2, ``mamba_ssm`` when its source is in
   ``.bench_vendor/`` (see ``bench_mamba2.py``), once per round.
 
@@ -38,6 +39,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import copy_bandwidth, time_steps  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# knobs of the Mamba-2 launch configuration (``make_replay_config``) that --settings may set
+MAMBA2_KNOBS = ("BLOCK_P", "HC", "BLOCK_N", "BLOCK_NF", "num_warps", "num_stages", "route", "advance", "early_load",
+                "advance_sem", "flush_fma", "specialize")
 
 
 class UsageError(Exception):
@@ -79,8 +83,9 @@ def mamba2_cell(mods, settings, name, shape, Bt, sdt, L, R, dev, mssu):
         return body, L * R
 
     bodies = {k: replay(m) for k, m in mods.items()}
-    for s in settings:
-        bodies[json.dumps(s)] = replay(cur_mod, dict(base_cfg, **s))
+    for s in settings:  # rebuilt from the knobs, so that derived values (programs per row, ...) follow
+        knobs = {k: base_cfg[k] for k in MAMBA2_KNOBS if k in base_cfg}
+        bodies[json.dumps(s)] = replay(cur_mod, cur_mod.make_replay_config(H, P, N, G, L, **dict(knobs, **s)))
     K = 4
     bodies["step"] = (step_steps(lay, K), K * R)
     if mssu is not None:
@@ -116,6 +121,16 @@ def delta_cell(mods, settings, name, shape, Bt, sdt, L, R, dev, _mssu):
 
     bodies["step"] = (step, 8 * R)
     return bodies
+
+
+def delta_knobs() -> tuple:
+    """Keyword-only knobs of ``delta_replay_decode_triton``."""
+    import inspect
+
+    from replayssm.kernels.delta.triton_decode import delta_replay_decode_triton
+
+    params = inspect.signature(delta_replay_decode_triton).parameters.values()
+    return tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY)
 
 
 def parse(argv):
@@ -184,6 +199,10 @@ def main(argv=None):
                 if unknown:
                     raise UsageError(f"--shapes: unknown {unknown}; expected some of {sorted(shapes)}")
                 shapes = {s: shapes[s] for s in args.shapes.split(",")}
+        allowed = MAMBA2_KNOBS if args.family == "mamba2" else delta_knobs()
+        unknown = sorted({k for st in args.settings for k in st} - set(allowed))
+        if unknown:
+            raise UsageError(f"--settings: unknown {unknown}; expected some of {sorted(allowed)}")
         mods = {}
         if args.baseline:
             mods["baseline"] = load_baseline(args.family, args.baseline)
@@ -205,7 +224,11 @@ def main(argv=None):
                     R = bench.copies_for(Bt, shape[0], shape[1], shape[2], sdt.itemsize)
                 else:
                     R = bench.copies_for(Bt, shape[1], shape[2], shape[3], sdt.itemsize)
-                bodies = cell(mods, args.settings, name, shape, Bt, sdt, args.L, R, dev, mssu)
+                try:
+                    bodies = cell(mods, args.settings, name, shape, Bt, sdt, args.L, R, dev, mssu)
+                except ValueError as e:  # a setting the launch configuration refuses
+                    print(f"kernel_ab: {name}, batch {Bt}, {sdt}: {e}", file=sys.stderr)
+                    return 2
                 t = {k: [] for k in bodies}
                 for _ in range(args.reps):
                     for k, (fn, steps) in bodies.items():
