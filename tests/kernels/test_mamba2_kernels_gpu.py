@@ -74,6 +74,32 @@ def test_production_shapes(shape, state_dtype, act_dtype):
     record(f"production[{shape}-{state_dtype}-{act_dtype}]", w)
 
 
+@pytest.mark.parametrize("specialize", [False, True], ids=["runtime-sizes", "specialized"])
+@pytest.mark.parametrize("state_dtype,act_dtype", [(F32, BF16), (BF16, BF16)], ids=["s32a16", "s16a16"])
+def test_both_kernels_at_a_serving_batch(specialize, state_dtype, act_dtype):
+    """Both launches of the replay program (compile-time and runtime sizes) at batch 16, where a
+    16-bit checkpoint takes the runtime kernel by default and an fp32 one the specialized kernel."""
+    from replayssm.kernels.backend import num_sms
+    from replayssm.kernels.mamba2.triton_decode import launch_mamba2_replay_decode, make_replay_config, replay_config
+
+    H, P, N, G = PROD["super"]
+    Bt, L = 16, 8
+    base = replay_config(Bt, H, P, N, G, L, state_dtype.itemsize, act_dtype.itemsize, num_sms("cuda", 0))
+    assert base["specialize"] is (state_dtype == F32) and base["num_stages"] == 1
+    knobs = {k: base[k] for k in ("BLOCK_P", "HC", "BLOCK_N", "BLOCK_NF", "num_warps", "num_stages", "early_load",
+                                  "flush_fma")}
+    cfg = make_replay_config(H, P, N, G, L, **knobs, specialize=specialize)
+
+    def fn(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None, sp=True, out=None):
+        launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, sp, out,
+                                    False, config=cfg)
+        return out
+
+    prob = Problem(Bt, H, P, N, G, L, state_dtype, act_dtype, "cuda", _cursors(Bt, L, 9), seed=10)
+    w = check_replay_trajectory(fn, prob, steps=2 * L + 1, check_exact=state_dtype == F32)
+    record(f"serving_batch[{specialize}-{state_dtype}-{act_dtype}]", w)
+
+
 @pytest.mark.parametrize("opt", [False, True], ids=["no-z-D-bias", "z-D-bias"])
 @pytest.mark.parametrize("strided", [False, True], ids=["contig", "strided"])
 @pytest.mark.parametrize("state_dtype,act_dtype", [(F32, F32), (BF16, BF16)], ids=["s32a32", "s16a16"])
