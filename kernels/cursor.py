@@ -27,6 +27,11 @@ __all__ = ["ARRIVAL_UNIT", "MAX_ARRIVAL_L", "advance_cursor_triton", "advanced_c
 
 ARRIVAL_UNIT = 256  # one arrival; the cursor lives in the low byte
 MAX_ARRIVAL_L = 127  # longest buffer whose cursors fit the low byte
+# the same for the Triton functions below (globals they read must be constexpr)
+_UNIT = tl.constexpr(ARRIVAL_UNIT)
+_COUNT_SHIFT = tl.constexpr(ARRIVAL_UNIT.bit_length() - 1)  # arrivals = (word - cursor) >> 8
+_LOW_BYTE = tl.constexpr(ARRIVAL_UNIT - 1)
+_SIGN_BIT = tl.constexpr(ARRIVAL_UNIT // 2)
 
 
 def cursor_word_counts_arrivals(cursor: torch.Tensor, L: int) -> bool:
@@ -43,16 +48,16 @@ def advanced_cursor(c, L):
 @triton.jit
 def cursor_of_word(word):
     """The cursor held by a cursor word (its low byte, sign extended), whatever the count above it."""
-    return ((word & 255) ^ 128) - 128
+    return ((word & _LOW_BYTE) ^ _SIGN_BIT) - _SIGN_BIT
 
 
 @triton.jit
 def arrive_on_cursor(ptr, SEM: tl.constexpr):
     """Read the int32 cursor word at ``ptr`` and arrive, in one atomic. Returns ``(c, n)``:
     the cursor and the number of programs that arrived before this one (this launch)."""
-    word = tl.atomic_add(ptr, 256, sem=SEM)
+    word = tl.atomic_add(ptr, _UNIT, sem=SEM)
     c = cursor_of_word(word)
-    return c, (word - c) >> 8
+    return c, (word - c) >> _COUNT_SHIFT
 
 
 @triton.jit
@@ -60,7 +65,7 @@ def count_arrival(ptr, c, SEM: tl.constexpr):
     """Arrive at the cursor word at ``ptr`` whose cursor ``c`` this program has read (the caller
     makes sure the read has returned, e.g. a barrier after a branch on ``c``); returns the number
     of programs that arrived before this one."""
-    return (tl.atomic_add(ptr, 256, sem=SEM) - c) >> 8
+    return (tl.atomic_add(ptr, _UNIT, sem=SEM) - c) >> _COUNT_SHIFT
 
 
 @triton.jit
