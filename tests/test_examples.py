@@ -297,3 +297,28 @@ def test_kernel_ab_smoke_run(tmp_path):
                               str(tmp_path / "bad")], capture_output=True, text=True, env=env, timeout=300)
         assert bad.returncode == 2 and message in bad.stderr, (args, bad.stderr[-500:])
         assert "Traceback" not in bad.stderr
+
+
+def test_offline_sass_counts_a_specialized_kernel(tmp_path):
+    """examples/benchmarks/offline_sass.py compiles the Mamba-2 replay kernel for sm_90 on a CPU
+    machine; the specialized kernel takes the sizes and buffer strides as constants, so it has
+    fewer integer arguments, registers and instructions than the runtime-size one."""
+    import json
+    import os
+
+    script = str(ROOT / "examples" / "benchmarks" / "offline_sass.py")
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run([sys.executable, script, "mamba2-2.7b", "1", "float32",
+                           '[{}, {"specialize": false}, {"BLOCK_P": 8, "flush_fma": false}]'],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    spec, dyn, refused = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert spec["config"]["specialize"] and not dyn["config"]["specialize"]
+    assert 0 < spec["int_args"] < dyn["int_args"] and 0 < spec["regs"] < dyn["regs"]
+    assert 0 < spec["sass_instructions"] < dyn["sass_instructions"]
+    assert spec["programs"] == dyn["programs"] == 320
+    assert "tl.dot needs BLOCK_P >= 16" in refused["error"]
+    bad = subprocess.run([sys.executable, script, "nope", "1", "float32"], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert bad.returncode == 2 and "usage: offline_sass.py" in bad.stderr and "Traceback" not in bad.stderr
