@@ -287,7 +287,7 @@ def test_kernel_ab_smoke_run(tmp_path):
     (row,) = data["rows"]
     assert list(row["us"]) == ["baseline", "default", '{"specialize": false, "BLOCK_P": 8}', "step"]
     assert all(v > 0 for v in row["us"].values()) and row["speed_vs_ref"]["baseline"] == 1.0
-    assert data["meta"]["L"] == 4 and "| smoke | 2 | float32 |" in (tmp_path / "kernel_ab.md").read_text()
+    assert data["meta"]["L"] == 2 and "| smoke | 2 | float32 |" in (tmp_path / "kernel_ab.md").read_text()
     for args, message in ((["--baseline", str(tmp_path / "nope.py")], "--baseline: no such file"),
                           (["--settings", "{}"], "--settings takes a JSON list of objects"),
                           (["--dtypes", "int8"], "--dtypes: unknown"),

@@ -163,7 +163,7 @@ def parse(argv):
     if args.L < 1 or args.reps < 1 or min(args.batches) < 1:
         raise UsageError("--L, --reps and --batches must be positive")
     if args.smoke:  # the interpreter is slow: short cycles, one round
-        args.L, args.reps = min(args.L, 4), 1
+        args.L, args.reps = min(args.L, 2), 1
     return args
 
 
