@@ -39,9 +39,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import copy_bandwidth, time_steps  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-# knobs of the Mamba-2 launch configuration (``make_replay_config``) that --settings may set
-MAMBA2_KNOBS = ("BLOCK_P", "HC", "BLOCK_N", "BLOCK_NF", "num_warps", "num_stages", "route", "advance", "early_load",
-                "advance_sem", "flush_fma", "specialize")
 
 
 class UsageError(Exception):
@@ -84,8 +81,8 @@ def mamba2_cell(mods, settings, name, shape, Bt, sdt, L, R, dev, mssu):
 
     bodies = {k: replay(m) for k, m in mods.items()}
     for s in settings:  # rebuilt from the knobs, so that derived values (programs per row, ...) follow
-        knobs = {k: base_cfg[k] for k in MAMBA2_KNOBS if k in base_cfg}
-        bodies[json.dumps(s)] = replay(cur_mod, cur_mod.make_replay_config(H, P, N, G, L, **dict(knobs, **s)))
+        knobs = dict(cur_mod.replay_knobs(base_cfg), **s)
+        bodies[json.dumps(s)] = replay(cur_mod, cur_mod.make_replay_config(H, P, N, G, L, **knobs))
     K = 4
     bodies["step"] = (step_steps(lay, K), K * R)
     if mssu is not None:
@@ -121,16 +118,6 @@ def delta_cell(mods, settings, name, shape, Bt, sdt, L, R, dev, _mssu):
 
     bodies["step"] = (step, 8 * R)
     return bodies
-
-
-def delta_knobs() -> tuple:
-    """Keyword-only knobs of ``delta_replay_decode_triton``."""
-    import inspect
-
-    from replayssm.kernels.delta.triton_decode import delta_replay_decode_triton
-
-    params = inspect.signature(delta_replay_decode_triton).parameters.values()
-    return tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY)
 
 
 def parse(argv):
@@ -199,10 +186,17 @@ def main(argv=None):
                 if unknown:
                     raise UsageError(f"--shapes: unknown {unknown}; expected some of {sorted(shapes)}")
                 shapes = {s: shapes[s] for s in args.shapes.split(",")}
-        allowed = MAMBA2_KNOBS if args.family == "mamba2" else delta_knobs()
-        unknown = sorted({k for st in args.settings for k in st} - set(allowed))
+        named = {k for st in args.settings for k in st}
+        if args.family == "mamba2":
+            from replayssm.kernels.mamba2.triton_decode import REPLAY_KNOBS
+
+            unknown = sorted(set(named) - set(REPLAY_KNOBS))
+            allowed = f"knobs of make_replay_config: {', '.join(REPLAY_KNOBS)}"
+        else:
+            unknown = bench.unknown_knobs(named)
+            allowed = "keyword-only knobs of delta_replay_decode_triton"
         if unknown:
-            raise UsageError(f"--settings: unknown {unknown}; expected some of {sorted(allowed)}")
+            raise UsageError(f"--settings: unknown {unknown}; expected {allowed}")
         mods = {}
         if args.baseline:
             mods["baseline"] = load_baseline(args.family, args.baseline)

@@ -33,7 +33,8 @@ from bench_mamba2 import SHAPES  # noqa: E402
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-KNOBS = ("BLOCK_P", "HC", "BLOCK_N", "BLOCK_NF", "num_warps", "num_stages", "early_load", "flush_fma", "specialize")
+SHOWN = ("BLOCK_P", "HC", "BLOCK_N", "BLOCK_NF", "num_warps", "num_stages", "early_load", "flush_fma", "specialize",
+         "n_pb")  # printed with each row
 POINTER = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.int32: "*i32"}
 
 
@@ -59,7 +60,7 @@ def kernel_arguments(H, P, N, G, Bt, L, sdt, adt, c):
 def compile_case(H, P, N, G, Bt, L, sdt, adt, overrides):
     """Registers, stack, SASS instructions, integer arguments and programs of one configuration."""
     base = td.replay_config(Bt, H, P, N, G, L, sdt.itemsize, adt.itemsize, 132)  # an H200's 132 SMs
-    c = td.make_replay_config(H, P, N, G, L, **dict({k: base[k] for k in KNOBS}, **overrides))
+    c = td.make_replay_config(H, P, N, G, L, **dict(td.replay_knobs(base), **overrides))
     kern = td._mamba2_replay_kernel if c["specialize"] else td._mamba2_replay_kernel_dyn
     values, flags = kernel_arguments(H, P, N, G, Bt, L, sdt, adt, c)
     names = list(kern.arg_names)
@@ -84,7 +85,7 @@ def compile_case(H, P, N, G, Bt, L, sdt, adt, overrides):
         res = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", path], capture_output=True,
                              text=True).stdout
     regs, stack = re.search(r"REG:(\d+)", res), re.search(r"STACK:(\d+)", res)
-    return dict(config={k: c[k] for k in KNOBS + ("n_pb",)}, regs=int(regs.group(1)) if regs else None,
+    return dict(config={k: c[k] for k in SHOWN}, regs=int(regs.group(1)) if regs else None,
                 stack=int(stack.group(1)) if stack else None,
                 sass_instructions=len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/", sass, re.M)),
                 int_args=sum(1 for t in sig.values() if t == "i32"), programs=Bt * G * c["n_hc"] * c["n_pb"])

@@ -87,7 +87,8 @@ from ..backend import num_sms
 from ..cursor import advance_cursor_triton, count_arrival, cursor_of_word, cursor_word_counts_arrivals
 from ..persistent import flush_row_chunks, flush_row_prefix, nth_flush_row
 
-__all__ = ["mamba2_replay_decode_triton", "launch_mamba2_replay_decode", "make_replay_config", "replay_config"]
+__all__ = ["mamba2_replay_decode_triton", "launch_mamba2_replay_decode", "make_replay_config", "replay_config",
+           "replay_knobs", "REPLAY_KNOBS"]
 
 
 @triton.jit
@@ -821,6 +822,18 @@ def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC:
     if dot_p is not None and dot_p < 16:
         raise ValueError(f"the flush route's tl.dot needs BLOCK_P >= 16; got {dot_p}")
     return cfg
+
+
+# the free knobs of a launch configuration (keyword arguments of make_replay_config; "flush" aside)
+REPLAY_KNOBS = ("BLOCK_P", "HC", "BLOCK_N", "BLOCK_NF", "num_warps", "num_stages", "route", "advance", "early_load",
+                "advance_sem", "flush_fma", "specialize")
+
+
+def replay_knobs(cfg: dict) -> dict:
+    """The free knobs of a configuration from ``make_replay_config`` / ``replay_config``, so that
+    ``make_replay_config(H, P, N, G, L, **dict(replay_knobs(cfg), **changes))`` rebuilds it with
+    some changed (derived values such as the program split follow)."""
+    return {k: cfg[k] for k in REPLAY_KNOBS if k in cfg}
 
 
 @functools.lru_cache(maxsize=1024)

@@ -80,15 +80,14 @@ def test_both_kernels_at_a_serving_batch(specialize, state_dtype, act_dtype):
     """Both launches of the replay program (compile-time and runtime sizes) at batch 16, where a
     16-bit checkpoint takes the runtime kernel by default and an fp32 one the specialized kernel."""
     from replayssm.kernels.backend import num_sms
-    from replayssm.kernels.mamba2.triton_decode import launch_mamba2_replay_decode, make_replay_config, replay_config
+    from replayssm.kernels.mamba2.triton_decode import (launch_mamba2_replay_decode, make_replay_config, replay_config,
+                                                        replay_knobs)
 
     H, P, N, G = PROD["super"]
     Bt, L = 16, 8
     base = replay_config(Bt, H, P, N, G, L, state_dtype.itemsize, act_dtype.itemsize, num_sms("cuda", 0))
     assert base["specialize"] is (state_dtype == F32) and base["num_stages"] == 1
-    knobs = {k: base[k] for k in ("BLOCK_P", "HC", "BLOCK_N", "BLOCK_NF", "num_warps", "num_stages", "early_load",
-                                  "flush_fma")}
-    cfg = make_replay_config(H, P, N, G, L, **knobs, specialize=specialize)
+    cfg = make_replay_config(H, P, N, G, L, **dict(replay_knobs(base), specialize=specialize))
 
     def fn(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None, sp=True, out=None):
         launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, sp, out,
