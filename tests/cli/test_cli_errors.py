@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -188,6 +189,19 @@ def test_sigterm_maps_to_143(monkeypatch, capsys, tmp_path):
     assert "terminated" in error
 
 
+def signal_masks(pid: int) -> str:
+    """The Sig* lines of /proc/PID/status for the process and each of its threads (Linux; else empty)."""
+    lines = []
+    for status in [Path(f"/proc/{pid}/status"), *sorted(Path(f"/proc/{pid}/task").glob("*/status"))]:
+        try:
+            text = status.read_text()
+        except OSError:
+            continue
+        sig = [ln for ln in text.splitlines() if ln.startswith(("Sig", "ShdPnd", "Name"))]
+        lines.append(f"{status.parent.name}: " + "; ".join(sig))
+    return "\n".join(lines)
+
+
 def test_ctrl_c_while_copying_leaves_nothing(tiny_cache, tiny_dir, tmp_path):
     """A real SIGINT while the output is half written: exit 130, the temporary directory goes away."""
     src = tiny_dir("mamba2")
@@ -212,9 +226,11 @@ def test_ctrl_c_while_copying_leaves_nothing(tiny_cache, tiny_dir, tmp_path):
         try:
             stdout, stderr = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
+            masks = signal_masks(proc.pid)  # was SIGINT (bit 2) blocked, ignored or pending, and in which thread?
             proc.send_signal(signal.SIGABRT)
             _, stacks = proc.communicate(timeout=30)
-            pytest.fail(f"convert still ran 60 s after SIGINT; where its threads were:\n{stacks[-6000:]}")
+            pytest.fail(f"convert still ran 60 s after SIGINT; signal masks:\n{masks}\nwhere its threads were:\n"
+                        f"{stacks[-6000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()
