@@ -126,17 +126,17 @@ def test_replay_split_and_kernel_advance_variants():
         check_replay_trajectory(variant(None, None, early), prob, steps=7)
 
 
-@pytest.mark.parametrize("L,BLOCK_P,HC,N,BLOCK_N,BLOCK_NF,early", [
-    (3, 4, 1, 40, 16, 16, False),  # 4-lane blocks, state dim in three flush tiles
-    (4, 8, 2, 16, 16, 16, True),   # two heads per program, early loads: the first head's flush from them
-    (1, 16, 1, 16, 16, 16, True),  # every step flushes: the window is the current token alone
-    (3, 8, 2, 40, 64, 64, True),   # one masked flush tile wider than the state dim, from the early loads
+@pytest.mark.parametrize("L,P,BLOCK_P,HC,N,BLOCK_N,BLOCK_NF,early", [
+    (3, 8, 4, 1, 40, 16, 16, False),   # two 4-lane blocks, state dim in three flush tiles
+    (4, 16, 8, 2, 16, 16, 16, True),   # two heads per program, early loads: the first head's flush from them
+    (1, 16, 16, 1, 16, 16, 16, True),  # every step flushes: the window is the current token alone
+    (3, 16, 8, 2, 40, 64, 64, True),   # one masked flush tile wider than the state dim, from the early loads
 ])
-def test_replay_flush_fma_variant(L, BLOCK_P, HC, N, BLOCK_N, BLOCK_NF, early):
+def test_replay_flush_fma_variant(L, P, BLOCK_P, HC, N, BLOCK_N, BLOCK_NF, early):
     """The flush route with rank-1 fp32 updates (``flush_fma``, any BLOCK_P) matches the reference."""
     from replayssm.kernels.mamba2.triton_decode import launch_mamba2_replay_decode, make_replay_config
 
-    cfg = make_replay_config(4, 16, N, 2, L, BLOCK_P=BLOCK_P, HC=HC, BLOCK_N=BLOCK_N, BLOCK_NF=BLOCK_NF,
+    cfg = make_replay_config(4, P, N, 2, L, BLOCK_P=BLOCK_P, HC=HC, BLOCK_N=BLOCK_N, BLOCK_NF=BLOCK_NF,
                              early_load=early, flush_fma=True)
 
     def fn(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None, sp=True, out=None):
@@ -145,7 +145,7 @@ def test_replay_flush_fma_variant(L, BLOCK_P, HC, N, BLOCK_N, BLOCK_NF, early):
         return out
 
     cursors = [L - 1, 0, -1] if L > 1 else [0, -1, 0]
-    prob = Problem(3, 4, 16, N, 2, L, torch.float32, torch.float32, DEV, cursors, seed=21 + L, has_z=True,
+    prob = Problem(3, 4, P, N, 2, L, torch.float32, torch.float32, DEV, cursors, seed=21 + L, has_z=True,
                    has_D=True, has_bias=True)
     worst = check_replay_trajectory(fn, prob, steps=2 * L + 1)
     assert worst["flushes"] >= 2
