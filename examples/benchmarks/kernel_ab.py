@@ -15,6 +15,9 @@ graphs, interleaved over ``--reps`` rounds (median kept):
 * ``step`` (our fused per-step kernel) and, for Mamba-2, ``mamba_ssm`` when its source is in
   ``.bench_vendor/`` (see ``bench_mamba2.py``), once per round.
 
+``--stagger``: row ``b`` starts its cycles at cursor ``b % L`` (serving-like: 1/L of the rows flush at
+every step) instead of every row at 0.
+
 Ratios are against ``baseline`` when given, else ``default``. Writes ``kernel_ab.json`` and
 ``kernel_ab.md`` under ``--out``. ``--smoke``: tiny shapes through the Triton interpreter on any
 machine (checks the script; the numbers mean nothing).
@@ -58,7 +61,14 @@ def load_baseline(family: str, path: str):
     return mod
 
 
-def mamba2_cell(mods, settings, name, shape, Bt, sdt, L, R, dev, mssu):
+def stagger_cursors(cursors, L):
+    """Serving-like cycles: row ``b`` starts at cursor ``b % L``, so 1/L of the rows flush at every
+    step (a whole cycle still returns every row to where it started)."""
+    for cur in cursors:
+        cur.copy_(torch.arange(cur.numel(), device=cur.device, dtype=cur.dtype) % L)
+
+
+def mamba2_cell(mods, settings, name, shape, Bt, sdt, L, R, dev, mssu, stagger=False):
     """Bodies (name -> (fn, steps)) for one Mamba-2 cell; every variant on the same data."""
     from bench_mamba2 import Layer, mamba_ssm_steps, step_steps
 
@@ -67,6 +77,8 @@ def mamba2_cell(mods, settings, name, shape, Bt, sdt, L, R, dev, mssu):
     H, P, N, G = shape
     lay = Layer(Bt, H, P, N, G, sdt, torch.bfloat16, R, dev)
     bufs = lay.buffers(L)
+    if stagger:
+        stagger_cursors([b[3] for b in bufs], L)
     cur_mod = mods["default"]
     base_cfg = dict(cur_mod.replay_config(Bt, H, P, N, G, L, sdt.itemsize, 2, num_sms(dev.type, dev.index),
                                           dev.type != "cuda"))
@@ -90,7 +102,7 @@ def mamba2_cell(mods, settings, name, shape, Bt, sdt, L, R, dev, mssu):
     return bodies
 
 
-def delta_cell(mods, settings, name, shape, Bt, sdt, L, R, dev, _mssu):
+def delta_cell(mods, settings, name, shape, Bt, sdt, L, R, dev, _mssu, stagger=False):
     from bench_delta import Layer
 
     from replayssm.kernels.delta.triton_step import delta_step_decode_triton
@@ -99,6 +111,8 @@ def delta_cell(mods, settings, name, shape, Bt, sdt, L, R, dev, _mssu):
     lay = Layer(Bt, Hk, HV, K, V, kda, sdt, torch.bfloat16, R, dev)
     x = (lay.q, lay.k, lay.v, lay.g, lay.beta)
     rings = lay.rings(L)
+    if stagger:
+        stagger_cursors([r[3] for r in rings], L)
 
     def replay(mod, knobs=None):
         def body():
@@ -132,6 +146,8 @@ def parse(argv):
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default="examples/benchmarks/results/latest")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, any device (checks the script only)")
+    ap.add_argument("--stagger", action="store_true",
+                    help="row b starts at cursor b %% L (1/L of the rows flush at every step), instead of all at 0")
     args = ap.parse_args(argv)
     try:
         args.settings = json.loads(args.settings)
@@ -159,7 +175,8 @@ def markdown(meta, rows):
     ref = meta["reference"]
     out = [f"# Replay kernel A/B ({meta['family']}), {meta['date']}", "",
            f"{meta['gpu']}; torch {meta['torch']}, Triton {meta['triton']}; L = {meta['L']}; µs per layer step over "
-           f"whole cycles (flush included), CUDA graphs, median of {meta['reps']} interleaved rounds; in brackets "
+           f"whole cycles (flush included; cursors "
+           f"{'staggered, row b from b mod L' if meta.get('stagger') else 'all from 0'}), CUDA graphs, median of {meta['reps']} interleaved rounds; in brackets "
            f"the speed relative to `{ref}`. Command: `{meta['command']}`.", "",
            "| shape | batch | checkpoint | " + " | ".join(f"`{c}`" for c in cols) + " |",
            "|---|---:|---|" + "---:|" * len(cols)]
@@ -219,7 +236,7 @@ def main(argv=None):
                 else:
                     R = bench.copies_for(Bt, shape[1], shape[2], shape[3], sdt.itemsize)
                 try:
-                    bodies = cell(mods, args.settings, name, shape, Bt, sdt, args.L, R, dev, mssu)
+                    bodies = cell(mods, args.settings, name, shape, Bt, sdt, args.L, R, dev, mssu, args.stagger)
                 except ValueError as e:  # a setting the launch configuration refuses
                     print(f"kernel_ab: {name}, batch {Bt}, {sdt}: {e}", file=sys.stderr)
                     return 2
@@ -241,6 +258,7 @@ def main(argv=None):
     meta = dict(family=args.family, date=datetime.date.today().isoformat(),
                 gpu=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (smoke run)",
                 torch=torch.__version__, triton=triton.__version__, L=args.L, reps=args.reps, reference=ref,
+                stagger=args.stagger,
                 baseline=args.baseline, settings=args.settings,
                 copy_bw_TBps=round(copy_bandwidth(dev) / 1e12, 3) if dev.type == "cuda" else None,
                 command="python examples/benchmarks/kernel_ab.py " + " ".join(sys.argv[1:] if argv is None else argv))
