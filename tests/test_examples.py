@@ -288,6 +288,7 @@ def test_kernel_ab_smoke_run(tmp_path):
     assert list(row["us"]) == ["baseline", "default", '{"specialize": false, "BLOCK_P": 8}', "step"]
     assert all(v > 0 for v in row["us"].values()) and row["speed_vs_ref"]["baseline"] == 1.0
     assert data["meta"]["L"] == 2 and "| smoke | 2 | float32 |" in (tmp_path / "kernel_ab.md").read_text()
+    assert data["meta"]["stagger"] is False and "cursors all from 0" in (tmp_path / "kernel_ab.md").read_text()
     for args, message in ((["--baseline", str(tmp_path / "nope.py")], "--baseline: no such file"),
                           (["--settings", "{}"], "--settings takes a JSON list of objects"),
                           (["--dtypes", "int8"], "--dtypes: unknown"),
@@ -297,6 +298,23 @@ def test_kernel_ab_smoke_run(tmp_path):
                               str(tmp_path / "bad")], capture_output=True, text=True, env=env, timeout=300)
         assert bad.returncode == 2 and message in bad.stderr, (args, bad.stderr[-500:])
         assert "Traceback" not in bad.stderr
+
+
+def test_kernel_ab_staggered_cursors():
+    """kernel_ab.py --stagger starts row b at cursor b % L, in place, for every copy's cursors."""
+    import importlib
+
+    import torch
+
+    sys.path.insert(0, str(ROOT / "examples" / "benchmarks"))
+    try:
+        kernel_ab = importlib.import_module("kernel_ab")
+    finally:
+        sys.path.remove(str(ROOT / "examples" / "benchmarks"))
+    cursors = [torch.full((5,), -7, dtype=torch.int32) for _ in range(2)]
+    kernel_ab.stagger_cursors(cursors, 3)
+    for cur in cursors:
+        assert cur.dtype == torch.int32 and cur.tolist() == [0, 1, 2, 0, 1]
 
 
 def test_offline_sass_counts_a_specialized_kernel(tmp_path):
