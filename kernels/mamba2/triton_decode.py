@@ -849,10 +849,14 @@ def replay_config(Bt: int, H: int, P: int, N: int, G: int, L: int, state_bytes: 
     small = Bt <= 4
     BLOCK_P = 16 if small else max(16, min(_pow2(P), 4096 // BLOCK_N))
     n_pb = triton.cdiv(P, BLOCK_P)
-    # Heads per program: enough programs for ~8 per SM, at most 16 heads, so that a flush
-    # row's programs (which walk their heads one after the other) stay short when only some
-    # rows of the batch flush.
-    HC = max(1, min(HPG, 16, (Bt * G * n_pb * HPG) // (8 * n_sm)))
+    # Heads per program: enough programs for ~8 per SM, at most a group of fewer than 16 heads or
+    # else 8, so that a flush row's programs (which walk their heads one after the other) stay
+    # short when only some rows of the batch flush. H200, batch 256, L=16, same run, 8 against 16
+    # heads: rows at staggered cursors (1/16 flushing every step) Super 1.06-1.07x, Mamba2-2.7B
+    # 1.12x; all rows from cursor 0 Super 0.99-1.00x, Mamba2-2.7B 0.99x fp32 / 1.08x bf16; the
+    # Nano-4B shape's 12-head groups lose with 6 (0.97-0.99x) and keep 12
+    # (examples/benchmarks/results/mamba2_staggered_heads_h200_2026-12-02.md).
+    HC = max(1, min(HPG if HPG < 16 else 8, (Bt * G * n_pb * HPG) // (8 * n_sm)))
     # Flush tiles of 64 state columns (halved for windows longer than 16).
     # Few warps per program from batch 5 too: the state-dim reductions then stay within a warp
     # and more programs fit per SM (H200, Super shape, L=16, whole cycle at batch 256: fp32

@@ -200,6 +200,20 @@ def test_default_config_takes_the_rank1_flush_route_only_where_measured_faster()
         assert c["num_warps"] == (1 if args[-2] == 2 else 2), args
 
 
+def test_default_heads_per_program():
+    """About 8 programs per multiprocessor; at most a whole group of fewer than 16 heads, else 8 heads
+    (shorter flush programs when only some rows flush), in chunks of equal size."""
+    from replayssm.kernels.mamba2.triton_decode import replay_config
+
+    nano, super_, m27 = (96, 80, 128, 8), (128, 64, 128, 8), (80, 64, 128, 1)
+    for shape, Bt, hc, n_hc in ((nano, 256, 12, 1), (nano, 32, 6, 2), (super_, 256, 8, 2), (super_, 512, 8, 2),
+                                (super_, 32, 6, 3), (super_, 8, 1, 16), (m27, 256, 8, 10), (m27, 32, 4, 20),
+                                (m27, 1, 1, 80)):
+        for s in (4, 2):
+            c = replay_config(Bt, *shape, 16, s, 2, 132)
+            assert (c["HC"], c["n_hc"]) == (hc, n_hc), (shape, Bt, s)
+
+
 def test_default_config_specializes_except_16bit_serving_batches():
     """Compile-time sizes and strides everywhere but 16-bit checkpoint and activations above batch 8;
     one software-pipelining stage everywhere (both measured faster)."""
