@@ -302,15 +302,13 @@ def test_kernel_ab_smoke_run(tmp_path):
 
 def test_kernel_ab_staggered_cursors():
     """kernel_ab.py --stagger starts row b at cursor b % L, in place, for every copy's cursors."""
-    import importlib
+    import importlib.util
 
     import torch
 
-    sys.path.insert(0, str(ROOT / "examples" / "benchmarks"))
-    try:
-        kernel_ab = importlib.import_module("kernel_ab")
-    finally:
-        sys.path.remove(str(ROOT / "examples" / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("_kernel_ab", ROOT / "examples" / "benchmarks" / "kernel_ab.py")
+    kernel_ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kernel_ab)
     cursors = [torch.full((5,), -7, dtype=torch.int32) for _ in range(2)]
     kernel_ab.stagger_cursors(cursors, 3)
     for cur in cursors:

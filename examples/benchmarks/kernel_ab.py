@@ -173,10 +173,11 @@ def parse(argv):
 def markdown(meta, rows):
     cols = list(rows[0]["us"]) if rows else []
     ref = meta["reference"]
+    cursors = "staggered, row b from b mod L" if meta.get("stagger") else "all from 0"
     out = [f"# Replay kernel A/B ({meta['family']}), {meta['date']}", "",
            f"{meta['gpu']}; torch {meta['torch']}, Triton {meta['triton']}; L = {meta['L']}; µs per layer step over "
-           f"whole cycles (flush included; cursors "
-           f"{'staggered, row b from b mod L' if meta.get('stagger') else 'all from 0'}), CUDA graphs, median of {meta['reps']} interleaved rounds; in brackets "
+           f"whole cycles (flush included; cursors {cursors}), CUDA graphs, median of {meta['reps']} interleaved "
+           f"rounds; in brackets "
            f"the speed relative to `{ref}`. Command: `{meta['command']}`.", "",
            "| shape | batch | checkpoint | " + " | ".join(f"`{c}`" for c in cols) + " |",
            "|---|---:|---|" + "---:|" * len(cols)]
