@@ -300,17 +300,18 @@ def test_kernel_ab_smoke_run(tmp_path):
         assert "Traceback" not in bad.stderr
 
 
-def test_kernel_ab_staggered_cursors():
-    """kernel_ab.py --stagger starts row b at cursor b % L, in place, for every copy's cursors."""
+def test_staggered_cursors():
+    """timing.stagger_cursors (kernel_ab.py --stagger, the benchmarks' staggered cycles) starts row b
+    at cursor b % L, in place, for every copy's cursors."""
     import importlib.util
 
     import torch
 
-    spec = importlib.util.spec_from_file_location("_kernel_ab", ROOT / "examples" / "benchmarks" / "kernel_ab.py")
-    kernel_ab = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(kernel_ab)
+    spec = importlib.util.spec_from_file_location("_timing", ROOT / "examples" / "benchmarks" / "timing.py")
+    timing = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(timing)
     cursors = [torch.full((5,), -7, dtype=torch.int32) for _ in range(2)]
-    kernel_ab.stagger_cursors(cursors, 3)
+    timing.stagger_cursors(cursors, 3)
     for cur in cursors:
         assert cur.dtype == torch.int32 and cur.tolist() == [0, 1, 2, 0, 1]
 

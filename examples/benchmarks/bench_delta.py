@@ -40,7 +40,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the shared timing helpers
-from timing import copy_bandwidth, time_steps  # noqa: E402
+from timing import copy_bandwidth, stagger_cursors, time_steps  # noqa: E402
 
 SHAPES = {  # name: (Hk, HV, K, V, kda)
     "qwen3.5-4b-gdn": (16, 32, 128, 128, False),
@@ -467,7 +467,7 @@ def phases(dev, copy_bw, log, Bt=256, L=16):
                 row[f"{label}_us"] = time_steps(at_cursor, 4)  # includes a tiny fill launch
                 if dev == "cuda" and label != "c0":
                     row[f"{label}_launch_us"] = _launch_times(step, cur, cval)
-            cur.copy_(torch.arange(Bt, device=cur.device, dtype=torch.int32) % L)
+            stagger_cursors([cur], L)
 
             def staggered():
                 for _ in range(L):

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the shared timing helpers
-from timing import copy_bandwidth, time_steps  # noqa: E402
+from timing import copy_bandwidth, stagger_cursors, time_steps  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPES = {  # (H, P, N, G)
@@ -238,8 +238,7 @@ def bench_config(name, shape, Bt, sdt, adt, Ls, mssu, hf, dev, copy_bw, use_grap
         res[f"buffer_pct_L{L}"] = buffer_pct(H, P, N, G, L, s, a)
         if L == stagger_L and Bt >= L:
             # serving-like: row b starts at cursor b % L, so 1/L of the rows flush at every step
-            for _, _, _, cur in bufs:
-                cur.copy_(torch.arange(Bt, device=cur.device, dtype=cur.dtype) % L)
+            stagger_cursors([cur for _, _, _, cur in bufs], L)
             res[f"replay_L{L}_staggered_us"] = time_steps(replay_body, L * R, graph=use_graph)
         del bufs
     res["replay_config"] = tuned or "default heuristics"

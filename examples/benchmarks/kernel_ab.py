@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import copy_bandwidth, time_steps  # noqa: E402
+from timing import copy_bandwidth, stagger_cursors, time_steps  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -59,13 +59,6 @@ def load_baseline(family: str, path: str):
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
-
-
-def stagger_cursors(cursors, L):
-    """Serving-like cycles: row ``b`` starts at cursor ``b % L``, so 1/L of the rows flush at every
-    step (a whole cycle still returns every row to where it started)."""
-    for cur in cursors:
-        cur.copy_(torch.arange(cur.numel(), device=cur.device, dtype=cur.dtype) % L)
 
 
 def mamba2_cell(mods, settings, name, shape, Bt, sdt, L, R, dev, mssu, stagger=False):

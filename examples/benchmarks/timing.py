@@ -7,6 +7,13 @@ import time
 import torch
 
 
+def stagger_cursors(cursors, L: int) -> None:
+    """Serving-like cycles: in each (Bt,) int32 cursor tensor, row ``b`` starts at ``b % L``, so 1/L of
+    the rows flush at every step (a whole L-step cycle returns every row to where it started)."""
+    for cur in cursors:
+        cur.copy_(torch.arange(cur.numel(), device=cur.device, dtype=cur.dtype) % L)
+
+
 def copy_bandwidth(dev, warmup: int = 50, rep: int = 300) -> float:
     """Device-to-device copy bandwidth in bytes/s, counting bytes read + written (1 GiB each way)."""
     import triton.testing
