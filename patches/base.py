@@ -17,7 +17,7 @@ import sys
 import torch
 
 from . import compat
-from .cache_state import ReplayBuffers, attach_buffers, get_buffers
+from .cache_state import ReplayBuffers, attach_buffers, cache_arrivals, get_buffers
 from .options import LayerReplayOptions
 
 OPTIONS_ATTR = "_replayssm_options"
@@ -28,6 +28,9 @@ class ReplayMixin:
 
     #: "mamba2" | "gated_deltanet" | "kda"
     replay_kind: str = ""
+    #: whether the family's kernel counts arrivals in the cache's shared counters
+    #: (``buffers.extra["arrivals"]``, from ``cache_arrivals``)
+    uses_arrival_counters: bool = False
 
     # ----------------------------------------------------------------- hooks
     def _replay_buffer_specs(self, batch: int, act_dtype: torch.dtype) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
@@ -66,6 +69,8 @@ class ReplayMixin:
         if attention_mask is None and len(args) >= 2 and isinstance(args[1], torch.Tensor):
             attention_mask = args[1]
         buffers = self._replay_prepare(layer, hidden_states)
+        if self.uses_arrival_counters:
+            buffers.extra["arrivals"] = cache_arrivals(cache, buffers.cursor.device, buffers.batch_size)
         return self._replay_step(hidden_states, layer, buffers, attention_mask)
 
     # --------------------------------------------------------------- helpers

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 ATTR = "_replayssm"
+ARRIVALS_ATTR = "_replayssm_arrivals"
 
 
 @dataclass
@@ -57,6 +58,21 @@ class ReplayBuffers:
     def clear(self) -> None:
         """Empty every row's buffer (after a reset or a fresh prefill)."""
         self.cursor.zero_()
+
+
+def cache_arrivals(cache, device: torch.device, batch: int) -> torch.Tensor:
+    """The Mamba-2 kernel's per-row arrival counters for ``cache`` on ``device``: int32 zeros, at
+    least ``batch`` entries, one vector shared by every layer of the cache (its layers run one
+    after the other), so that two caches decoding at once on different streams never share one.
+    Stored on the cache object (attribute ``_replayssm_arrivals``); every launch leaves it at zero.
+    """
+    store = cache.__dict__.setdefault(ARRIVALS_ATTR, {})
+    key = str(device)
+    counters = store.get(key)
+    if counters is None or counters.numel() < batch:
+        counters = torch.zeros(max(batch, 64), dtype=torch.int32, device=device)
+        store[key] = counters
+    return counters
 
 
 def get_buffers(layer) -> ReplayBuffers | None:

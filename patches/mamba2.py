@@ -22,6 +22,7 @@ class ReplayMamba2Mixer(ReplayMixin):
     """Replay decode for every Mamba-2-type mixer (mixed in before the original class)."""
 
     replay_kind = "mamba2"
+    uses_arrival_counters = True
 
     def _replay_buffer_specs(self, batch, act_dtype):
         L = self.replay_options.buffer_len
@@ -69,6 +70,7 @@ class ReplayMamba2Mixer(ReplayMixin):
             -torch.exp(self.A_log.float()),
             self.dt_bias, self.D, z,
             True,
+            arrivals=buffers.extra.get("arrivals"),
             backend=self.replay_options.backend,
         )
         y = y.reshape(batch, 1, self.num_heads * self.head_dim)

@@ -96,6 +96,43 @@ def test_buffers_live_with_the_cache_and_beam_reorder_keeps_them_consistent():
         replayssm.unpatch(model)
 
 
+def test_mamba2_arrival_counters_are_one_per_cache(monkeypatch):
+    """Every Mamba-2 layer of one cache gets the same arrival counters; another cache (which may
+    decode at the same time on another stream) gets its own."""
+    import replayssm.patches.mamba2 as patched_mamba2
+
+    seen = []
+    real = patched_mamba2.mamba2_replay_decode
+
+    def spy(*args, arrivals=None, **kwargs):
+        seen.append(arrivals)
+        return real(*args, arrivals=arrivals, **kwargs)
+
+    monkeypatch.setattr(patched_mamba2, "mamba2_replay_decode", spy)
+    model = tiny("mamba2")
+    n_layers = len(replayssm.find_ssm_layers(model))
+    replayssm.patch(model, buffer_len=3)
+    try:
+        per_cache = []
+        for batch in (2, 5):
+            cache = transformers.DynamicCache(config=model.config)
+            ids = torch.randint(3, 512, (batch, 4))
+            seen.clear()
+            with torch.no_grad():
+                model(ids, cache_params=cache, use_cache=True)
+                for t in range(4):  # one flush (L = 3) among them
+                    model(ids[:, t:t + 1], cache_params=cache, use_cache=True)
+            assert len(seen) == 4 * n_layers and n_layers >= 2
+            assert all(a is seen[0] for a in seen)
+            counters = seen[0]
+            assert counters.dtype == torch.int32 and counters.numel() >= batch and not counters.any()
+            per_cache.append(counters)
+        assert per_cache[0] is not per_cache[1]
+        assert per_cache[0].data_ptr() != per_cache[1].data_ptr()
+    finally:
+        replayssm.unpatch(model)
+
+
 @pytest.mark.parametrize("state_dtype", [None, "bf16"])
 def test_bf16_model(state_dtype):
     model = tiny("bamba", torch.bfloat16)

@@ -29,15 +29,15 @@ __all__ = [
 
 
 def mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None,
-                         dt_softplus=True, out=None, *, backend: str = "auto") -> torch.Tensor:
+                         dt_softplus=True, out=None, arrivals=None, *, backend: str = "auto") -> torch.Tensor:
     """One ReplaySSM decode step; see ``mamba2_replay_decode_reference`` for shapes."""
     if resolve_backend(backend, x.device) == "triton":
         from .triton_decode import mamba2_replay_decode_triton
 
         return mamba2_replay_decode_triton(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z,
-                                           dt_softplus, out)
+                                           dt_softplus, out, arrivals)
     return mamba2_replay_decode_reference(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z,
-                                          dt_softplus, out)
+                                          dt_softplus, out, arrivals)
 
 
 def mamba2_step_decode(x, dt, B, C, state, A, dt_bias=None, D=None, z=None, dt_softplus=True, *,

@@ -17,7 +17,7 @@ __all__ = ["replay_decode_op", "step_decode_op"]
 
 @torch.library.custom_op(
     "replayssm::mamba2_replay_decode",
-    mutates_args=("state", "x_buf", "dt_buf", "B_buf", "cursor", "out"),
+    mutates_args=("state", "x_buf", "dt_buf", "B_buf", "cursor", "out", "arrivals"),
 )
 def replay_decode_op(
     x: torch.Tensor,
@@ -36,17 +36,18 @@ def replay_decode_op(
     dt_softplus: bool,
     out: torch.Tensor,
     zero_idle: bool,
+    arrivals: Optional[torch.Tensor],
 ) -> None:
     """One ReplaySSM decode step written into ``out`` (idle rows: zeros if ``zero_idle``, else untouched)."""
     from .triton_decode import launch_mamba2_replay_decode
 
     launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, dt_softplus,
-                                out, zero_idle)
+                                out, zero_idle, arrivals=arrivals)
 
 
 @replay_decode_op.register_fake
 def _replay_decode_fake(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, dt_softplus, out,
-                        zero_idle) -> None:
+                        zero_idle, arrivals) -> None:
     return None
 
 

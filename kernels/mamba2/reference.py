@@ -76,6 +76,7 @@ def mamba2_replay_decode_reference(
     z: torch.Tensor | None = None,
     dt_softplus: bool = True,
     out: torch.Tensor | None = None,
+    arrivals: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One ReplaySSM decode step for a batch of rows, each at its own cursor.
 
@@ -91,6 +92,8 @@ def mamba2_replay_decode_reference(
             place to ``(cursor + 1) % L`` on active rows.
         A: (H,) fp32, negative. dt_bias, D: (H,) or None. z: (B, H, P) or None.
         out: optional (B, H, P) output; idle rows keep its contents.
+        arrivals: scratch of the Triton kernel's in-launch cursor advance (int32, at least B
+            entries, zero between launches; see ``triton_decode``); unused here.
 
     Returns:
         y (B, H, P) in ``x.dtype`` (``out`` if given).

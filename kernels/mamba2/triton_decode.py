@@ -44,9 +44,11 @@ is issued, and the last program's stores depend on the atomic's result; acq_rel 
 made every later memory operation of the program wait for the atomic (H200, whole cycle,
 same run: batch 1 1.06-1.08x faster relaxed, batch 8 1.07-1.10x, batch 32 1.02-1.04x, batch
 256 1.004-1.01x; ``examples/benchmarks/results/mamba2_advance_sem_h200_2026-12-01.md``).
-That counter is a small internal device buffer (zero between
-launches; launches on concurrent streams must not overlap); ``advance="kernel"`` runs a
-separate tiny launch instead. ``"cursor"`` falls back to ``"atomic"`` for cursors that are not
+The counter is an int32 vector, zero between launches, passed as ``arrivals``
+(patched models keep one per cache, shared by its layers, which run one after the other, so it
+stays in the L2 from layer to layer); without it, one internal counter per device is shared
+by every call, and calls on concurrent streams must then not overlap. ``advance="kernel"``
+runs a separate tiny launch instead. ``"cursor"`` falls back to ``"atomic"`` for cursors that are not
 int32 or buffers longer than 127.
 
 ``route="split"`` runs the two routes as two launches: first a persistent flush launch
@@ -88,7 +90,7 @@ from ..cursor import advance_cursor_triton, count_arrival, cursor_of_word, curso
 from ..persistent import flush_row_chunks, flush_row_prefix, nth_flush_row
 
 __all__ = ["mamba2_replay_decode_triton", "launch_mamba2_replay_decode", "make_replay_config", "replay_config",
-           "replay_knobs", "REPLAY_KNOBS"]
+           "replay_knobs", "REPLAY_KNOBS", "check_arrivals"]
 
 
 @triton.jit
@@ -746,6 +748,15 @@ _COUNTERS: dict = {}
 _COUNTER_KEEP: list = []  # never freed: a captured CUDA graph may still point at an old one
 
 
+def check_arrivals(arrivals: torch.Tensor, n: int, device: torch.device) -> None:
+    """Raise ``ValueError`` unless ``arrivals`` can count the arrivals of ``n`` rows on ``device``."""
+    if arrivals.dtype != torch.int32 or arrivals.dim() != 1 or arrivals.numel() < n or arrivals.stride(0) != 1 \
+            or arrivals.device != device:
+        raise ValueError(f"arrivals must be a contiguous int32 vector of at least {n} entries on {device}; got "
+                         f"{arrivals.dtype} {tuple(arrivals.shape)} stride {tuple(arrivals.stride())} on "
+                         f"{arrivals.device}")
+
+
 def _arrival_counter(device: torch.device, n: int) -> torch.Tensor:
     """Zeroed int32 per-row arrival counters on ``device`` (left at zero by every launch).
 
@@ -922,9 +933,16 @@ def _check(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, out):
 
 
 def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, dt_softplus,
-                                out, zero_idle, route: str | None = None, advance: str | None = None, config=None):
-    """Launch the kernel(s); writes ``out`` and the in-place tensors. No host sync."""
+                                out, zero_idle, route: str | None = None, advance: str | None = None, config=None,
+                                arrivals: torch.Tensor | None = None):
+    """Launch the kernel(s); writes ``out`` and the in-place tensors. No host sync.
+
+    ``arrivals``: the per-row arrival counters of ``advance="atomic"`` (int32, at least B entries,
+    zero between launches, left at zero); None uses one shared by every call on the device.
+    """
     Bt, H, P, N, G, L = _check(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, out)
+    if arrivals is not None:
+        check_arrivals(arrivals, Bt, x.device)
     if Bt == 0:
         return
     interp = _interpreting()
@@ -942,7 +960,10 @@ def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor
     HPG = H // G
     if advance == "cursor" and not cursor_word_counts_arrivals(cursor, L):
         advance = "atomic"  # the cursor word cannot carry the arrival count
-    cnt = _arrival_counter(x.device, Bt) if advance == "atomic" else cursor
+    if advance != "atomic":
+        cnt = cursor
+    else:
+        cnt = arrivals if arrivals is not None else _arrival_counter(x.device, Bt)
     adv = advance in ("atomic", "cursor")
     # arguments shared by both kernels (optional tensors replaced by x, with zero strides)
     tensors = (x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias if dt_bias is not None else x,
@@ -992,7 +1013,7 @@ def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor
 
 
 def mamba2_replay_decode_triton(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None,
-                                dt_softplus=True, out=None):
+                                dt_softplus=True, out=None, arrivals=None):
     """Triton ReplaySSM decode step; same signature and semantics as ``mamba2_replay_decode_reference``.
 
     Goes through the custom operator ``torch.ops.replayssm.mamba2_replay_decode`` so that
@@ -1004,5 +1025,5 @@ def mamba2_replay_decode_triton(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     replay_decode_op(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, bool(dt_softplus), out,
-                     zero_idle)
+                     zero_idle, arrivals)
     return out

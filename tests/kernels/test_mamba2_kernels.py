@@ -126,6 +126,36 @@ def test_replay_split_and_kernel_advance_variants():
         check_replay_trajectory(variant(None, None, early), prob, steps=7)
 
 
+def test_replay_counts_arrivals_in_the_given_counters(monkeypatch):
+    """With ``arrivals`` the kernel counts its cursor-advance arrivals there, never in the device's
+    shared counter, and leaves the rows' entries at zero (entries past the batch untouched)."""
+    import replayssm.kernels.mamba2.triton_decode as td
+
+    def shared_counter(*args):
+        raise AssertionError("the device's shared arrival counter was used")
+
+    monkeypatch.setattr(td, "_arrival_counter", shared_counter)
+    Bt = 3
+    arrivals = torch.zeros(Bt + 2, dtype=torch.int32, device=DEV)
+    arrivals[Bt:] = 7
+    seen = []
+
+    def fn(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None, sp=True, out=None):
+        y = _replay()(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, sp, out, arrivals)
+        seen.append(arrivals.tolist())
+        return y
+
+    prob = Problem(Bt, 4, 16, 16, 2, 3, torch.float32, torch.float32, DEV, [2, 0, -1], seed=41)
+    worst = check_replay_trajectory(fn, prob, steps=7)
+    assert worst["flushes"] >= 2
+    assert seen and all(row == [0, 0, 0, 7, 7] for row in seen), seen
+    for bad in (torch.zeros(Bt, dtype=torch.int64, device=DEV), torch.zeros(Bt - 1, dtype=torch.int32, device=DEV),
+                torch.zeros(2 * Bt, dtype=torch.int32, device=DEV)[::2]):
+        with pytest.raises(ValueError, match="arrivals must be a contiguous int32 vector"):
+            td.launch_mamba2_replay_decode(*prob.inputs()[:4], *prob.mutable(), prob.A, None, None, None, True,
+                                           torch.empty(Bt, 4, 16, device=DEV), False, arrivals=bad)
+
+
 @pytest.mark.parametrize("L,P,BLOCK_P,HC,N,BLOCK_N,BLOCK_NF,early", [
     (3, 8, 4, 1, 40, 16, 16, False),   # two 4-lane blocks, state dim in three flush tiles
     (4, 16, 8, 2, 16, 16, 16, True),   # two heads per program, early loads: the first head's flush from them
