@@ -328,6 +328,7 @@ def test_custom_ops_registered_and_traceable():
     schema = str(torch.ops.replayssm.mamba2_replay_decode.default._schema)
     for name in ("state", "x_buf", "dt_buf", "B_buf", "cursor", "out"):
         assert f"!) {name}," in schema, schema
+    assert "!)? arrivals" in schema, schema
     step_schema = str(torch.ops.replayssm.mamba2_step_decode.default._schema)
     assert "!) state," in step_schema and "!) out" in step_schema, step_schema
 
@@ -356,8 +357,9 @@ def test_opcheck_both_ops():
     prob = Problem(2, 2, 16, 16, 1, 2, torch.float32, torch.float32, DEV, [0, 1], seed=17)
     x, dt, B, C, z = prob.inputs()
     out = torch.zeros(2, 2, 16, device=DEV)
-    args = (x, dt, B, C, *prob.clone().mutable(), prob.A, prob.dt_bias, prob.D, z, True, out, False)
-    torch.library.opcheck(torch.ops.replayssm.mamba2_replay_decode.default, args)
+    for arrivals in (None, torch.zeros(2, dtype=torch.int32, device=DEV)):
+        args = (x, dt, B, C, *prob.clone().mutable(), prob.A, prob.dt_bias, prob.D, z, True, out, False, arrivals)
+        torch.library.opcheck(torch.ops.replayssm.mamba2_replay_decode.default, args)
     s = prob.clone().state
     torch.library.opcheck(torch.ops.replayssm.mamba2_step_decode.default,
                           (x, dt, B, C, s, prob.A, prob.dt_bias, prob.D, z, True, torch.zeros_like(out)))

@@ -274,8 +274,9 @@ def test_opcheck_gpu():
     prob = Problem(3, H, P, N, G, 4, F32, BF16, "cuda", [0, 3, -1], seed=15)
     x, dt, B, C, z = prob.inputs()
     out = torch.zeros(3, H, P, dtype=BF16, device="cuda")
-    args = (x, dt, B, C, *prob.clone().mutable(), prob.A, prob.dt_bias, prob.D, z, True, out, False)
-    torch.library.opcheck(torch.ops.replayssm.mamba2_replay_decode.default, args)
+    for arrivals in (None, torch.zeros(3, dtype=torch.int32, device="cuda")):
+        args = (x, dt, B, C, *prob.clone().mutable(), prob.A, prob.dt_bias, prob.D, z, True, out, False, arrivals)
+        torch.library.opcheck(torch.ops.replayssm.mamba2_replay_decode.default, args)
     torch.library.opcheck(torch.ops.replayssm.mamba2_step_decode.default,
                           (x, dt, B, C, prob.clone().state, prob.A, prob.dt_bias, prob.D, z, True, out.clone()))
 
@@ -309,7 +310,7 @@ def test_tf32x3_matters():
 
 
 def run_on_two_streams(own_counters: bool, steps: int = 9, seed: int = 50):
-    """Two independent Mamba2-2.7B-shaped layers (batch 16, L = 4, desynchronised cursors) decoding
+    """Two independent Mamba2-2.7B-shaped layers (batch 4, L = 4, desynchronised cursors) decoding
     at the same time on two CUDA streams; returns the worst output/checkpoint error of each
     against its own reference trajectory and whether every cursor came out right. With
     ``own_counters`` each layer passes its own ``arrivals`` (as the caches of two patched models
@@ -317,7 +318,7 @@ def run_on_two_streams(own_counters: bool, steps: int = 9, seed: int = 50):
     from replayssm.kernels.mamba2.reference import mamba2_replay_decode_reference
 
     H, P, N, G = PROD["mamba2-2.7b"]
-    Bt, L = 16, 4
+    Bt, L = 4, 4  # grids small enough for both streams' kernels to be resident at once
     probs = [Problem(Bt, H, P, N, G, L, F32, F32, "cuda", _cursors(Bt, L, seed + i), seed=seed + i, has_z=False)
              for i in range(2)]
     refs = [p.clone() for p in probs]
@@ -326,10 +327,12 @@ def run_on_two_streams(own_counters: bool, steps: int = 9, seed: int = 50):
     counters = [torch.zeros(Bt, dtype=torch.int32, device="cuda") if own_counters else None for _ in probs]
     streams = [torch.cuda.Stream() for _ in probs]
     torch.cuda.synchronize()
-    for i, (p, s) in enumerate(zip(probs, streams)):
+    for s in streams:
         with torch.cuda.stream(s):
-            torch.cuda._sleep(2_000_000)  # let both queues fill before either starts
-            for t in range(steps):
+            torch.cuda._sleep(5_000_000)  # let both queues fill before either starts
+    for t in range(steps):  # step t of both layers at about the same time
+        for i, (p, s) in enumerate(zip(probs, streams)):
+            with torch.cuda.stream(s):
                 x, dt, B, C = inputs[i][t]
                 _replay()(x, dt, B, C, *p.mutable(), p.A, p.dt_bias, p.D, None, True, outs[i][t], counters[i])
     torch.cuda.synchronize()
