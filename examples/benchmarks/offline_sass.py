@@ -49,11 +49,9 @@ def kernel_arguments(H, P, N, G, Bt, L, sdt, adt, c):
     tensors = [x, dt, B, C, state, xb, db, bb, cur, A, dtb, D, x, out, cur]
     ints = [P, N, L, G, H // G, c["HC"], c["n_hc"], c["n_pb"], *x.stride(), *dt.stride(), *B.stride(), *C.stride(),
             *state.stride(), *xb.stride(), *db.stride(), *bb.stride(), cur.stride(0), 1, 1, 1, 0, 0, 0, *out.stride()]
-    flags = dict(HAS_DT_BIAS=True, HAS_D=True, HAS_Z=False, DT_SOFTPLUS=True,
-                 DOT_LOWP=sdt.itemsize == 2 and adt.itemsize == 2, DOT_PREC="tf32x3", ZERO_IDLE=False, ROUTE=0,
-                 ADVANCE=True, EARLY_LOAD=bool(c["early_load"]) and c["BLOCK_N"] >= N, ADV_SEM="relaxed",
-                 FLUSH_FMA=bool(c["flush_fma"]), ARRIVE_ON_CURSOR=False, BLOCK_P=c["BLOCK_P"], BLOCK_N=c["BLOCK_N"],
-                 BLOCK_NF=c["BLOCK_NF"], BLOCK_L=c["BLOCK_L"])
+    layer = dict(HAS_DT_BIAS=True, HAS_D=True, HAS_Z=False, DT_SOFTPLUS=True,
+                 DOT_LOWP=td.uses_lowp_dot(sdt, adt, adt), DOT_PREC="tf32x3")
+    flags = td.replay_kernel_constexprs(c, N, layer, zero_idle=False, route=0, advance=True, arrive_on_cursor=False)
     return tensors + ints, flags
 
 

@@ -90,7 +90,7 @@ from ..cursor import advance_cursor_triton, count_arrival, cursor_of_word, curso
 from ..persistent import flush_row_chunks, flush_row_prefix, nth_flush_row
 
 __all__ = ["mamba2_replay_decode_triton", "launch_mamba2_replay_decode", "make_replay_config", "replay_config",
-           "replay_knobs", "REPLAY_KNOBS", "check_arrivals"]
+           "replay_knobs", "REPLAY_KNOBS", "check_arrivals", "replay_kernel_constexprs", "uses_lowp_dot"]
 
 
 @triton.jit
@@ -908,6 +908,27 @@ def replay_config(Bt: int, H: int, P: int, N: int, G: int, L: int, state_bytes: 
                               early_load=True, flush_fma=flush_fma, specialize=specialize)
 
 
+def uses_lowp_dot(state_dtype: torch.dtype, x_buf_dtype: torch.dtype, B_buf_dtype: torch.dtype) -> bool:
+    """Whether the flush route's matrix product runs on 16-bit operands (``DOT_LOWP``): a 16-bit
+    checkpoint and 16-bit rings of one dtype."""
+    return state_dtype.itemsize == 2 and x_buf_dtype.itemsize == 2 and x_buf_dtype == B_buf_dtype
+
+
+def replay_kernel_constexprs(c: dict, N: int, flags: dict, *, zero_idle: bool, route: int, advance: bool,
+                             arrive_on_cursor: bool) -> dict:
+    """The compile-time arguments of ``_mamba2_replay_kernel`` (and ``_dyn``) for launch configuration
+    ``c`` (``make_replay_config``), state size ``N`` and the layer's ``flags`` (HAS_DT_BIAS, HAS_D, HAS_Z,
+    DT_SOFTPLUS, DOT_LOWP, DOT_PREC). ``route``: 0 fused, 1 output-only, 2 flush only. The one place
+    that turns a configuration into kernel flags (the launcher and ``examples/benchmarks/offline_sass.py``)."""
+    return dict(
+        **flags, ZERO_IDLE=bool(zero_idle), ROUTE=route, ADVANCE=bool(advance),
+        EARLY_LOAD=bool(c.get("early_load", False)) and c["BLOCK_N"] >= N,  # early loads cover the whole state dim
+        ADV_SEM=c.get("advance_sem", "relaxed"), FLUSH_FMA=bool(c.get("flush_fma", False)),
+        ARRIVE_ON_CURSOR=bool(arrive_on_cursor),
+        BLOCK_P=c["BLOCK_P"], BLOCK_N=c["BLOCK_N"], BLOCK_NF=c["BLOCK_NF"], BLOCK_L=c["BLOCK_L"],
+    )
+
+
 def _interpreting() -> bool:
     from ..backend import triton_interpreter_on
 
@@ -955,7 +976,7 @@ def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor
         cfg = make_replay_config(H, P, N, G, L, cfg["BLOCK_P"], cfg["HC"], cfg["BLOCK_N"], cfg["BLOCK_NF"],
                                  cfg["num_warps"], cfg["num_stages"], "split", advance,
                                  advance_sem=cfg.get("advance_sem", "relaxed"))
-    lowp = state.element_size() == 2 and x_buf.element_size() == 2 and x_buf.dtype == B_buf.dtype
+    lowp = uses_lowp_dot(state.dtype, x_buf.dtype, B_buf.dtype)
     prec = cfg.get("dot_precision") or ("ieee" if interp else "tf32x3")
     HPG = H // G
     if advance == "cursor" and not cursor_word_counts_arrivals(cursor, L):
@@ -979,12 +1000,9 @@ def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor
         grid = (Bt * G * c["n_hc"] * c["n_pb"],)
         kernel = _mamba2_replay_kernel if c.get("specialize", True) else _mamba2_replay_kernel_dyn
         kernel[grid](
-            *tensors, cnt, P, N, L, G, HPG, c["HC"], c["n_hc"], c["n_pb"], *strides, **flags,
-            ZERO_IDLE=bool(zero), ROUTE=route_id, ADVANCE=advance_here,
-            EARLY_LOAD=bool(c.get("early_load", False)) and c["BLOCK_N"] >= N,
-            ADV_SEM=c.get("advance_sem", "relaxed"), FLUSH_FMA=bool(c.get("flush_fma", False)),
-            ARRIVE_ON_CURSOR=advance_here and advance == "cursor",
-            BLOCK_P=c["BLOCK_P"], BLOCK_N=c["BLOCK_N"], BLOCK_NF=c["BLOCK_NF"], BLOCK_L=c["BLOCK_L"],
+            *tensors, cnt, P, N, L, G, HPG, c["HC"], c["n_hc"], c["n_pb"], *strides,
+            **replay_kernel_constexprs(c, N, flags, zero_idle=zero, route=route_id, advance=advance_here,
+                                       arrive_on_cursor=advance_here and advance == "cursor"),
             num_warps=c["num_warps"], num_stages=c["num_stages"],
         )
 
