@@ -339,3 +339,15 @@ def test_offline_sass_counts_a_specialized_kernel(tmp_path):
     bad = subprocess.run([sys.executable, script, "nope", "1", "float32"], capture_output=True, text=True, env=env,
                          timeout=120)
     assert bad.returncode == 2 and "usage: offline_sass.py" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_two_streams_script_needs_cuda():
+    """examples/benchmarks/mamba2_two_streams.py is GPU-only: without CUDA one line and exit status 2."""
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("has CUDA: the script runs for real")
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "benchmarks" / "mamba2_two_streams.py")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "needs a CUDA device" in proc.stderr and "Traceback" not in proc.stderr
