@@ -60,13 +60,17 @@ class ReplayBuffers:
         self.cursor.zero_()
 
 
-def cache_arrivals(cache, device: torch.device, batch: int) -> torch.Tensor:
+def cache_arrivals(cache, device: torch.device, batch: int) -> torch.Tensor | None:
     """The Mamba-2 kernel's per-row arrival counters for ``cache`` on ``device``: int32 zeros, at
     least ``batch`` entries, one vector shared by every layer of the cache (its layers run one
     after the other), so that two caches decoding at once on different streams never share one.
     Stored on the cache object (attribute ``_replayssm_arrivals``); every launch leaves it at zero.
+    None for a cache object that takes no attributes (the kernel then uses its per-device counter).
     """
-    store = cache.__dict__.setdefault(ARRIVALS_ATTR, {})
+    attrs = getattr(cache, "__dict__", None)
+    if attrs is None:
+        return None
+    store = attrs.setdefault(ARRIVALS_ATTR, {})
     key = str(device)
     counters = store.get(key)
     if counters is None or counters.numel() < batch:
