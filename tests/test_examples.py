@@ -112,10 +112,10 @@ def test_cursor_advance_smoke_run(tmp_path):
     rows = json.loads((tmp_path / "cursor_advance.json").read_text())["rows"]
     assert [(r["family"], r["shape"]) for r in rows] == [("mamba2", "smoke"), ("delta-one-launch", "smoke-gdn"),
                                                          ("delta-one-launch", "smoke-kda")]
-    for r, variants in zip(rows, (("atomic", "cursor"),) + (("kernel", "cursor-first", "cursor"),) * 2):
+    for r, variants in zip(rows, (("atomic", "cursor", "none"),) + (("kernel", "cursor-first", "cursor"),) * 2):
         assert all(len(r[v]) == 1 and r[v][0] > 0 for v in variants) and r["step"] > 0
     md = (tmp_path / "cursor_advance.md").read_text()
-    assert "| smoke-kda | float32 | 2 |" in md and "kernel/cursor-first" in md
+    assert "| smoke-kda | float32 | 2 |" in md and "kernel/cursor-first" in md and "atomic/none" in md
     bad = subprocess.run([sys.executable, script, "--smoke", "--L", "1", "--out", str(tmp_path / "bad")],
                          capture_output=True, text=True, env=env, timeout=300)
     assert bad.returncode == 2 and "--L must be at least 2" in bad.stderr and "Traceback" not in bad.stderr

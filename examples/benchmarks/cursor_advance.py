@@ -1,14 +1,17 @@
 """Cursor advance variants at small batches, timed in one run (CUDA graphs, whole L-step cycles).
 
 Mamba-2 replay kernel: arrivals on a separate counter (``advance="atomic"``, the default) against
-arrivals on the cursor word (``"cursor"``), beside the per-step kernel and mamba_ssm's
-``selective_state_update`` (when its vendored source loads). Delta-rule one-launch kernel: a
+arrivals on the cursor word (``"cursor"``) and no advance at all (``"none"``: each step's cursors
+pre-set in a vector of their own per state copy, as if they were moved on elsewhere, e.g. once per
+model step for all layers; the cost of the in-launch advance), beside the per-step kernel and
+mamba_ssm's ``selective_state_update`` (when its vendored source loads). Delta-rule one-launch kernel: a
 second launch for the cursors (``"kernel"``) against arrivals on the cursor word read by the
 atomic (``"cursor-first"``) or by a load (``"cursor"``), beside the per-step kernel. Each
 variant is timed twice, interleaved, on the same data (once in a ``--smoke`` run); µs per layer
 step amortised over the cycle (flush included), state copies rotated above the L2.
 
     python3 examples/benchmarks/cursor_advance.py --out DIR     # CUDA: about 3 minutes on an H200
+    python3 examples/benchmarks/cursor_advance.py --family mamba2 --out DIR   # one kernel family
     python3 examples/benchmarks/cursor_advance.py --smoke --out DIR   # tiny shapes, any device
 
 Writes ``cursor_advance.json`` and ``cursor_advance.md`` to DIR.
@@ -30,10 +33,26 @@ import bench_delta as bd  # noqa: E402
 import bench_mamba2 as bm  # noqa: E402
 from timing import time_steps  # noqa: E402
 
-MAMBA2_VARIANTS = ("atomic", "cursor")
+MAMBA2_VARIANTS = ("atomic", "cursor", "none")
 DELTA_VARIANTS = ("kernel", "cursor-first", "cursor")
 DTYPES = (torch.float32, torch.bfloat16)  # checkpoint dtypes (fp32 only in a smoke run)
 ROUNDS = 4  # per-step baselines: steps over every state copy per timed body
+
+
+def preset_cursor_body(lay, bufs, L: int, cfg: dict):
+    """A whole cycle of Mamba-2 replay steps with ``advance="none"``: step ``c`` of every state copy
+    reads a cursor vector of its own holding ``c`` (the copies' buffers start at cursor 0)."""
+    from replayssm.kernels.mamba2.triton_decode import launch_mamba2_replay_decode
+
+    preset = [[torch.full_like(cur, c) for c in range(L)] for (_, _, _, cur) in bufs]
+
+    def body():
+        for c in range(L):
+            for st, (xb, db, bb, _), cursors in zip(lay.states, bufs, preset):
+                launch_mamba2_replay_decode(lay.x, lay.dt, lay.B, lay.C, st, xb, db, bb, cursors[c], lay.A,
+                                            lay.dt_bias, lay.D, None, True, lay.out, False, config=cfg)
+
+    return body
 
 
 def mamba2_rows(cuda: bool, L: int, emit, repeats: int) -> None:
@@ -55,7 +74,8 @@ def mamba2_rows(cuda: bool, L: int, emit, repeats: int) -> None:
                 base = replay_config(Bt, H, P, N, G, L, s, 2, num_sms(dev, 0 if cuda else None), not cuda)
                 row = dict(family="mamba2", shape=name, state=str(sdt).split(".")[-1], batch=Bt, copies=R)
                 for adv in MAMBA2_VARIANTS * repeats:
-                    body = lay.replay_body(bufs, L, dict(base, advance=adv))
+                    cfg = dict(base, advance=adv)
+                    body = preset_cursor_body(lay, bufs, L, cfg) if adv == "none" else lay.replay_body(bufs, L, cfg)
                     row.setdefault(adv, []).append(time_steps(body, L * R, graph=cuda))
 
                 def step_body():
@@ -139,6 +159,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="examples/benchmarks/results/latest")
     ap.add_argument("--L", type=int, default=None, help="buffer length (default 16; 4 with --smoke)")
+    ap.add_argument("--family", choices=("mamba2", "delta", "both"), default="both", help="which kernels (default both)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, any device (checks the script itself)")
     args = ap.parse_args(argv)
     cuda = torch.cuda.is_available()
@@ -163,8 +184,10 @@ def main(argv=None) -> int:
         print(json.dumps(row), flush=True)
         (out / "cursor_advance.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
 
-    mamba2_rows(cuda, L, emit, meta["repeats"])
-    delta_rows(cuda, L, emit, meta["repeats"])
+    if args.family in ("mamba2", "both"):
+        mamba2_rows(cuda, L, emit, meta["repeats"])
+    if args.family in ("delta", "both"):
+        delta_rows(cuda, L, emit, meta["repeats"])
     md = markdown(rows, meta)
     (out / "cursor_advance.md").write_text(md)
     print(md)

@@ -783,7 +783,8 @@ def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC:
     """A complete launch configuration from its free knobs.
 
     ``advance``: how the cursor moves on (``"atomic"``, the default: arrivals counted on a separate
-    counter; ``"cursor"``: on the cursor word; ``"kernel"``: a launch of its own; module notes).
+    counter; ``"cursor"``: on the cursor word; ``"kernel"``: a launch of its own; module notes;
+    ``"none"``: not at all, the caller moves the cursors, e.g. one cursor shared by several layers).
 
     ``advance_sem``: memory ordering of the in-kernel cursor arrival (``"relaxed"``, ``"release"``
     or ``"acq_rel"``; see the module notes).
@@ -799,8 +800,8 @@ def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC:
     ``BLOCK_NF``, ``num_warps``, ``num_stages``, ``programs_per_sm`` (default 4) or an absolute
     ``programs`` count, ``persistent`` (default True; False: the replay kernel specialised to the
     flush route, one program per work item, so the output launch carries no flush registers))."""
-    if advance not in ("cursor", "atomic", "kernel"):
-        raise ValueError(f"advance must be 'cursor', 'atomic' or 'kernel'; got {advance!r}")
+    if advance not in ("cursor", "atomic", "kernel", "none"):
+        raise ValueError(f"advance must be 'cursor', 'atomic', 'kernel' or 'none'; got {advance!r}")
     if advance_sem not in ("relaxed", "release", "acq_rel"):
         raise ValueError(f"advance_sem must be 'relaxed', 'release' or 'acq_rel'; got {advance_sem!r}")
     HPG = H // G
@@ -972,6 +973,8 @@ def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor
         Bt, H, P, N, G, L, state.element_size(), x_buf.element_size(), n_sm, interp)
     route = route or cfg.get("route", "fused")
     advance = advance or cfg.get("advance", "atomic")
+    if advance not in ("cursor", "atomic", "kernel", "none"):
+        raise ValueError(f"advance must be 'cursor', 'atomic', 'kernel' or 'none'; got {advance!r}")
     if route == "split" and "flush" not in cfg:
         cfg = make_replay_config(H, P, N, G, L, cfg["BLOCK_P"], cfg["HC"], cfg["BLOCK_N"], cfg["BLOCK_NF"],
                                  cfg["num_warps"], cfg["num_stages"], "split", advance,
@@ -1026,7 +1029,7 @@ def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor
         launch(cfg, 1, zero_idle, adv)
     else:
         launch(cfg, 0, zero_idle, adv)
-    if not adv:
+    if advance == "kernel":
         advance_cursor_triton(cursor, L)
 
 

@@ -126,6 +126,30 @@ def test_replay_split_and_kernel_advance_variants():
         check_replay_trajectory(variant(None, None, early), prob, steps=7)
 
 
+def test_replay_advance_none_leaves_the_cursors_to_the_caller():
+    """``advance="none"``: the launch reads the cursors and never writes them; a caller that moves them
+    on after each step gets the reference trajectory. An unknown advance is refused."""
+    from replayssm.kernels.mamba2.triton_decode import launch_mamba2_replay_decode
+
+    L = 3
+    seen = []
+
+    def fn(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None, sp=True, out=None):
+        before = cursor.clone()
+        launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, sp, out,
+                                    False, advance="none")
+        seen.append(torch.equal(cursor, before))
+        cursor.copy_(torch.where(cursor >= 0, (cursor + 1) % L, cursor))
+        return out
+
+    prob = Problem(3, 4, 16, 16, 2, L, torch.float32, torch.float32, DEV, [2, 0, -1], seed=43)
+    worst = check_replay_trajectory(fn, prob, steps=2 * L + 1)
+    assert worst["flushes"] >= 2 and seen and all(seen)
+    with pytest.raises(ValueError, match="advance must be"):
+        launch_mamba2_replay_decode(*prob.inputs()[:4], *prob.mutable(), prob.A, None, None, None, True,
+                                    torch.empty(3, 4, 16, device=DEV), False, advance="sometimes")
+
+
 def test_replay_counts_arrivals_in_the_given_counters(monkeypatch):
     """With ``arrivals`` the kernel counts its cursor-advance arrivals there, never in the device's
     shared counter, and leaves the rows' entries at zero (entries past the batch untouched)."""
