@@ -334,6 +334,8 @@ def test_offline_sass_counts_a_specialized_kernel(tmp_path):
     assert spec["config"]["specialize"] and not dyn["config"]["specialize"]
     assert 0 < spec["int_args"] < dyn["int_args"] and 0 < spec["regs"] < dyn["regs"]
     assert 0 < spec["sass_instructions"] < dyn["sass_instructions"]
+    # compiled with the alignment facts of a real launch: the fp32 checkpoint tile is read in wide loads
+    assert spec["wide_global_loads"] > 0 and dyn["wide_global_loads"] > 0
     assert spec["programs"] == dyn["programs"] == 320
     assert "tl.dot needs BLOCK_P >= 16" in refused["error"]
     bad = subprocess.run([sys.executable, script, "nope", "1", "float32"], capture_output=True, text=True, env=env,

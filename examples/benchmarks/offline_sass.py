@@ -3,9 +3,11 @@
 For one layer shape, batch and checkpoint dtype it builds the launch configuration the launcher
 would use (``replay_config``), lays each entry of a JSON list of ``make_replay_config`` knobs over
 it, compiles the kernel the launcher would pick (specialized or runtime sizes) with Triton's own
-ptxas for sm_90, and prints one JSON line per entry: registers and stack per thread, SASS
-instructions, integer kernel arguments, programs in the grid. Counts, not times: a way to choose
-which variants to time on a GPU (``kernel_ab.py``). Needs the Triton wheel's NVIDIA backend
+ptxas for sm_90 and the alignment facts of a real launch (16-byte aligned pointers, integers
+divisible by 16, as the JIT specializes them), and prints one JSON line per entry: registers and
+stack per thread, SASS instructions, global loads of 8 or 16 bytes, integer kernel arguments,
+programs in the grid. Counts, not times: a way to choose which variants to time on a GPU
+(``kernel_ab.py``). Needs the Triton wheel's NVIDIA backend
 (``cuobjdump``, ``ptxas``); uses Triton's compiler API (``ASTSource``), which may change between
 Triton versions.
 
@@ -64,17 +66,21 @@ def compile_case(H, P, N, G, Bt, L, sdt, adt, overrides):
     names = list(kern.arg_names)
     if len(values) + len(flags) != len(names):
         raise RuntimeError(f"the kernel takes {len(names)} arguments, this tool builds {len(values) + len(flags)}")
-    sig, constants = {}, {}
+    sig, constants, attrs = {}, {}, {}
     for i, (name, param) in enumerate(zip(names, kern.params)):
         v = flags[name] if name in flags else values[i]
         if isinstance(v, torch.Tensor):
             sig[name] = POINTER[v.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]  # as the launcher specializes CUDA allocations (16-byte aligned)
         elif name in flags or param.is_constexpr or v == 1:  # ints equal to 1 are specialized at launch too
             sig[name], constants[(i,)] = "constexpr", v
         else:
             sig[name] = "i32"
-    cc = triton.compile(ASTSource(fn=kern, signature=sig, constexprs=constants), target=GPUTarget("cuda", 90, 32),
-                        options=dict(num_warps=c["num_warps"], num_stages=c["num_stages"]))
+            if v % 16 == 0:  # and ints divisible by 16
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    cc = triton.compile(ASTSource(fn=kern, signature=sig, constexprs=constants, attrs=attrs),
+                        target=GPUTarget("cuda", 90, 32), options=dict(num_warps=c["num_warps"],
+                                                                        num_stages=c["num_stages"]))
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "kernel.cubin")
         with open(path, "wb") as f:
@@ -86,6 +92,7 @@ def compile_case(H, P, N, G, Bt, L, sdt, adt, overrides):
     return dict(config={k: c[k] for k in SHOWN}, regs=int(regs.group(1)) if regs else None,
                 stack=int(stack.group(1)) if stack else None,
                 sass_instructions=len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/", sass, re.M)),
+                wide_global_loads=len(re.findall(r"\bLDG\.E\.(?:64|128)\b", sass)),
                 int_args=sum(1 for t in sig.values() if t == "i32"), programs=Bt * G * c["n_hc"] * c["n_pb"])
 
 
