@@ -71,11 +71,10 @@ def cache_arrivals(cache, device: torch.device, batch: int) -> torch.Tensor | No
     if attrs is None:
         return None
     store = attrs.setdefault(ARRIVALS_ATTR, {})
-    key = str(device)
-    counters = store.get(key)
+    counters = store.get(device)  # torch.device is hashable: no string built on every decode step
     if counters is None or counters.numel() < batch:
         counters = torch.zeros(max(batch, 64), dtype=torch.int32, device=device)
-        store[key] = counters
+        store[device] = counters
     return counters
 
 
