@@ -10,8 +10,7 @@ graphs, interleaved over ``--reps`` rounds (median kept):
 * ``default``: the installed kernel with its default launch settings;
 * one column per entry of ``--settings`` (JSON list): Mamba-2: knobs of ``make_replay_config`` laid
   over the defaults of ``replay_config`` (e.g. ``{"specialize": false, "num_stages": 2}``,
-  ``{"BLOCK_P": 8}``; the configuration is rebuilt from them), and ``"x_ring": "lanes"`` to run that
-  column on an x ring stored lanes-major ((B, H, P, L) memory, slot stride 1; same values); delta rule: keyword knobs of
+  ``{"BLOCK_P": 8}``; the configuration is rebuilt from them); delta rule: keyword knobs of
   ``delta_replay_decode_triton``;
 * ``step`` (our fused per-step kernel) and, for Mamba-2, ``mamba_ssm`` when its source is in
   ``.bench_vendor/`` (see ``bench_mamba2.py``), once per round.
@@ -77,23 +76,18 @@ def mamba2_cell(mods, settings, name, shape, Bt, sdt, L, R, dev, mssu, stagger=F
     base_cfg = dict(cur_mod.replay_config(Bt, H, P, N, G, L, sdt.itemsize, 2, num_sms(dev.type, dev.index),
                                           dev.type != "cuda"))
 
-    def replay(mod, cfg=None, ring=None):
-        ring = ring or bufs
-
+    def replay(mod, cfg=None):
         def body():
             for _ in range(L):
-                for st, (xb, db, bb, cur) in zip(lay.states, ring):
+                for st, (xb, db, bb, cur) in zip(lay.states, bufs):
                     mod.launch_mamba2_replay_decode(lay.x, lay.dt, lay.B, lay.C, st, xb, db, bb, cur, lay.A,
                                                     lay.dt_bias, lay.D, None, True, lay.out, False, config=cfg)
         return body, L * R
 
     bodies = {k: replay(m) for k, m in mods.items()}
-    lanes_bufs = [(xb.transpose(2, 3).contiguous().transpose(2, 3), db, bb, cur) for xb, db, bb, cur in bufs]
     for s in settings:  # rebuilt from the knobs, so that derived values (programs per row, ...) follow
-        knobs = {k: v for k, v in s.items() if k != "x_ring"}
-        knobs = dict(cur_mod.replay_knobs(base_cfg), **knobs)
-        ring = lanes_bufs if s.get("x_ring", "slots") == "lanes" else bufs
-        bodies[json.dumps(s)] = replay(cur_mod, cur_mod.make_replay_config(H, P, N, G, L, **knobs), ring)
+        knobs = dict(cur_mod.replay_knobs(base_cfg), **s)
+        bodies[json.dumps(s)] = replay(cur_mod, cur_mod.make_replay_config(H, P, N, G, L, **knobs))
     K = 4
     bodies["step"] = (step_steps(lay, K), K * R)
     if mssu is not None:
@@ -207,8 +201,8 @@ def main(argv=None):
         if args.family == "mamba2":
             from replayssm.kernels.mamba2.triton_decode import REPLAY_KNOBS
 
-            unknown = sorted(set(named) - set(REPLAY_KNOBS) - {"x_ring"})
-            allowed = f"knobs of make_replay_config: {', '.join(REPLAY_KNOBS)}, and x_ring"
+            unknown = sorted(set(named) - set(REPLAY_KNOBS))
+            allowed = f"knobs of make_replay_config: {', '.join(REPLAY_KNOBS)}"
         else:
             unknown = bench.unknown_knobs(named)
             allowed = "keyword-only knobs of delta_replay_decode_triton"

@@ -36,7 +36,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 SHOWN = ("BLOCK_P", "HC", "BLOCK_N", "BLOCK_NF", "num_warps", "num_stages", "early_load", "flush_fma", "specialize",
-         "n_pb", "out_tiles")  # printed with each row
+         "n_pb")  # printed with each row
 POINTER = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.int32: "*i32"}
 
 

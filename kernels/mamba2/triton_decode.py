@@ -212,60 +212,6 @@ def _fma_window_update(s0, bcur, d, xcb, a_h, h, offs_p, mask_p, nn, mn, db_row,
 
 
 @triton.jit
-def _column_window_loads(b, g, h, offs_p, mask_p, C_ptr, B_ptr, Bbuf_ptr, dtbuf_ptr, xbuf_ptr, sC_b, sC_g, sC_n,
-                         sB_b, sB_g, sB_n, sBb_b, sBb_g, sBb_l, sBb_n, sdb_b, sdb_h, sdb_l, sxb_b, sxb_h, sxb_l, sxb_p,
-                         N, L, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr):
-    """Operands of the column-window output route for head ``h`` of row ``b`` (group ``g``) as
-    (BLOCK_P, BLOCK_N) tiles (``BLOCK_P == BLOCK_L``), in which column ``k`` is state column ``k``
-    for C and B and ring slot ``k`` for the window (``BLOCK_N >= BLOCK_L``); vectors are repeated
-    down the rows so that every operand has the state tile's shape. Independent of the cursor:
-    every ring slot is read (the caller selects stale slots away once the cursor is known).
-
-    Returns C and the current B; ``B_c . C`` of the current B rounded to the buffer dtype, (BLOCK_P,)
-    fp32; ``B_k . C`` of every ring slot k on column k, (1, BLOCK_N) fp32; the dt ring on the columns;
-    the x ring with slot k on column k."""
-    cols = tl.arange(0, BLOCK_N)[None, :]
-    rows = tl.arange(0, BLOCK_L)[:, None]
-    mc = (cols < N) & (rows >= 0)
-    cv = tl.load(C_ptr + b * sC_b + g * sC_g + cols * sC_n + rows * 0, mask=mc, other=0.0)
-    bcur = tl.load(B_ptr + b * sB_b + g * sB_g + cols * sB_n + rows * 0, mask=mc, other=0.0)
-    bw = tl.load(Bbuf_ptr + b * sBb_b + g * sBb_g + rows * sBb_l + cols * sBb_n, mask=(rows < L) & mc, other=0.0)
-    cvf = cv.to(tl.float32)
-    bc_rows = tl.sum(bw.to(tl.float32) * cvf, 1)  # (BLOCK_L,): slot j on row j
-    bc_cols = tl.sum(tl.where(rows == cols, bc_rows[:, None], 0.0), 0)[None, :]  # slot k on column k
-    bcc = tl.sum(bcur.to(Bbuf_ptr.dtype.element_ty).to(tl.float32) * cvf, 1)
-    ms = (cols < L) & (rows >= 0)
-    dt_r = tl.load(dtbuf_ptr + b * sdb_b + h * sdb_h + cols * sdb_l + rows * 0, mask=ms, other=0.0)
-    xt = tl.load(xbuf_ptr + b * sxb_b + h * sxb_h + cols * sxb_l + offs_p[:, None] * sxb_p,
-                 mask=ms & mask_p[:, None], other=0.0)
-    return cv, bcc, bc_cols, dt_r, xt
-
-
-@triton.jit
-def _column_window_output(s0, cv, bcc, bc_cols, dt_r, xt, xc, d, a_h, dco, c, xbuf_ptr, HAS_D: tl.constexpr,
-                          BLOCK_N: tl.constexpr):
-    """``y = abar (S0 . C) + sum_k w_k (B_k . C) x_k (+ D x)`` for one head at cursor ``c`` with the
-    window on the columns (``_column_window_loads``): slots ``k < c`` from the ring, slot ``c`` the
-    current token (``d``, ``bcc``, ``xc``: (BLOCK_P,)), the rest zero; one reduction over the columns
-    for the checkpoint and the window together. s0: (BLOCK_P, BLOCK_N); returns (BLOCK_P,) fp32."""
-    cols = tl.arange(0, BLOCK_N)[None, :]
-    past = cols < c
-    now = cols == c
-    dtt = tl.where(now, d, tl.where(past, dt_r.to(tl.float32), 0.0))
-    pcum = tl.cumsum(dtt, 1)
-    p_c = tl.sum(dtt, 1)[:, None]
-    w = dtt * tl.exp(tl.minimum(a_h * (p_c - pcum), 0.0))
-    abar = tl.exp(tl.minimum(a_h * p_c, 0.0))
-    v = w * tl.where(now, bcc[:, None], tl.where(past, bc_cols, 0.0))
-    xcb = xc.to(xbuf_ptr.dtype.element_ty)[:, None]
-    xw = tl.where(now, xcb, tl.where(past, xt, 0.0)).to(tl.float32)
-    terms = abar * (s0.to(tl.float32) * cv.to(tl.float32)) + xw * v
-    if HAS_D:
-        terms += tl.where(cols == 0, dco * xc.to(tl.float32)[:, None], 0.0)
-    return tl.sum(terms, 1)
-
-
-@triton.jit
 def _flush_heads(
     b, g, h0, nh, pb, c,
     x_ptr, dt_ptr, B_ptr, C_ptr, state_ptr, xbuf_ptr, dtbuf_ptr, Bbuf_ptr, A_ptr, dtbias_ptr, D_ptr, z_ptr, out_ptr,
@@ -455,7 +401,7 @@ def _replay_program(
     HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     ZERO_IDLE: tl.constexpr, ROUTE: tl.constexpr, ADVANCE: tl.constexpr, DOT_LOWP: tl.constexpr,
     DOT_PREC: tl.constexpr, EARLY_LOAD: tl.constexpr, ADV_SEM: tl.constexpr, FLUSH_FMA: tl.constexpr,
-    ARRIVE_ON_CURSOR: tl.constexpr, OUT_TILES: tl.constexpr,
+    ARRIVE_ON_CURSOR: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NF: tl.constexpr, BLOCK_L: tl.constexpr,
 ):
     # ARRIVE_ON_CURSOR (with ADVANCE): arrivals are counted on the cursor word (``kernels/cursor.py``),
@@ -508,14 +454,6 @@ def _replay_program(
         s_early, bw_early, bcur_early, cv_early = 0, 0, 0, 0
         xw_early, dtw_early, xc_early, dr_early = 0, 0, 0, 0
         a_early, dtb_early, dco_early = 0.0, 0.0, 0.0
-    if OUT_TILES:
-        # the column-window output route's operands, loaded (and B_j . C formed) before the cursor is known
-        cv_r, bcc_r, bc_cols, dt_r, xt_e = _column_window_loads(
-            b, g, h0, offs_p, mask_p, C_ptr, B_ptr, Bbuf_ptr, dtbuf_ptr, xbuf_ptr, sC_b, sC_g, sC_n,
-            sB_b, sB_g, sB_n, sBb_b, sBb_g, sBb_l, sBb_n, sdb_b, sdb_h, sdb_l, sxb_b, sxb_h, sxb_l, sxb_p,
-            N, L, BLOCK_P, BLOCK_N, BLOCK_L)
-    else:
-        cv_r, bcc_r, bc_cols, dt_r, xt_e = 0, 0, 0, 0, 0
 
     if c < 0:
         # idle row: nothing written (except zeros into a freshly allocated out); with
@@ -599,92 +537,53 @@ def _replay_program(
                 m2 = mask_p[:, None] & mn[None, :]
                 s_rel = offs_p[:, None] * ss_p + offs_n[None, :] * ss_n
                 h = h0
-                if OUT_TILES:
-                    # column-window route (``out_tiles``): the first head from the early loads; each
-                    # later head's tiles are loaded while the one before is computed
-                    cols = offs_n[None, :]
-                    ms = (cols < L) & (offs_p[:, None] >= 0)
+                if EARLY_LOAD:
+                    cv = cv_early.to(tl.float32)
                     s_t = s_early
-                    dt_t = dt_r
-                    xt_t = xt_e
+                    xw_t = tl.where(mx, xw_early, 0.0)
+                    dtw_t = tl.where(valid_l, dtw_early, 0.0)
                     xc_t = xc_early
                     dr_t = dr_early
                     a_t, dtb_t, dco_t = a_early, dtb_early, dco_early
-                    for i in range(0, nh):
-                        h = h0 + i
-                        hn = h + 1
-                        ok = (tl.zeros([], dtype=tl.int32) + i + 1) < nh
-                        okp = (tl.zeros([BLOCK_P], dtype=tl.int32) + i + 1) < nh
-                        s_n = tl.load(st_row + hn * ss_h + s_rel, mask=m2 & okp[:, None], other=0.0)
-                        dt_n = tl.load(db_row + hn * sdb_h + cols * sdb_l + offs_p[:, None] * 0,
-                                       mask=ms & okp[:, None], other=0.0)
-                        xt_n = tl.load(xb_row + hn * sxb_h + cols * sxb_l + offs_p[:, None] * sxb_p,
-                                       mask=ms & (mask_p & okp)[:, None], other=0.0)
-                        xc_n = tl.load(x_row + hn * sx_h + offs_p * sx_p, mask=mask_p & okp, other=0.0)
-                        dr_n = tl.load(dt_row + hn * sdt_h, mask=ok, other=0.0)
-                        a_n, dtb_n, dco_n = _head_constants(A_ptr, sA, dtbias_ptr, sdtb, D_ptr, sD, hn, ok,
-                                                            HAS_DT_BIAS, HAS_D)
-                        d = _process_dt(dr_t, dtb_t, HAS_DT_BIAS, DT_SOFTPLUS)
-                        y = _column_window_output(s_t, cv_r, bcc_r, bc_cols, dt_t, xt_t, xc_t, d, a_t, dco_t, c,
-                                                  xbuf_ptr, HAS_D, BLOCK_N)
-                        _head_output_and_append(y, h, c, pb, xc_t, xc_t.to(xbuf_ptr.dtype.element_ty), d, dco_t,
-                                                offs_p, mask_p, z_row, sz_h, sz_p, o_row, so_h, so_p, out_ptr,
-                                                xb_row, sxb_h, sxb_l, sxb_p, db_row, sdb_h, sdb_l, dtbuf_ptr,
-                                                False, HAS_Z)
-                        a_t, dtb_t, dco_t = a_n, dtb_n, dco_n
-                        s_t = s_n
-                        dt_t = dt_n
-                        xt_t = xt_n
-                        xc_t = xc_n
-                        dr_t = dr_n
                 else:
-                    if EARLY_LOAD:
-                        cv = cv_early.to(tl.float32)
-                        s_t = s_early
-                        xw_t = tl.where(mx, xw_early, 0.0)
-                        dtw_t = tl.where(valid_l, dtw_early, 0.0)
-                        xc_t = xc_early
-                        dr_t = dr_early
-                        a_t, dtb_t, dco_t = a_early, dtb_early, dco_early
-                    else:
-                        cv = tl.load(C_row + offs_n * sC_n, mask=mn, other=0.0).to(tl.float32)
-                        s_t = tl.load(st_row + h * ss_h + s_rel, mask=m2, other=0.0)
-                        xw_t = tl.load(xb_row + h * sxb_h + x_rel, mask=mx, other=0.0)
-                        dtw_t = tl.load(db_row + h * sdb_h + offs_l * sdb_l, mask=valid_l, other=0.0)
-                        xc_t = tl.load(x_row + h * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
-                        dr_t = tl.load(dt_row + h * sdt_h)
-                        a_t, dtb_t, dco_t = _head_constants(A_ptr, sA, dtbias_ptr, sdtb, D_ptr, sD, h, True,
-                                                            HAS_DT_BIAS, HAS_D)
-                    for i in range(0, nh):
-                        h = h0 + i
-                        hn = h + 1
-                        ok = (tl.zeros([], dtype=tl.int32) + i + 1) < nh
-                        okp = (tl.zeros([BLOCK_P], dtype=tl.int32) + i + 1) < nh  # vector masks (the interpreter
-                        okl = (tl.zeros([BLOCK_L], dtype=tl.int32) + i + 1) < nh  # mis-types bool & 0-d bool)
-                        # next head's loads first, so they are in flight while this head computes
-                        s_n = tl.load(st_row + hn * ss_h + s_rel, mask=m2 & okp[:, None], other=0.0)
-                        xw_n = tl.load(xb_row + hn * sxb_h + x_rel, mask=mx & okp[None, :], other=0.0)
-                        dtw_n = tl.load(db_row + hn * sdb_h + offs_l * sdb_l, mask=valid_l & okl, other=0.0)
-                        xc_n = tl.load(x_row + hn * sx_h + offs_p * sx_p, mask=mask_p & okp, other=0.0)
-                        dr_n = tl.load(dt_row + hn * sdt_h, mask=ok, other=0.0)
-                        a_n, dtb_n, dco_n = _head_constants(A_ptr, sA, dtbias_ptr, sdtb, D_ptr, sD, hn, ok,
-                                                            HAS_DT_BIAS, HAS_D)
+                    cv = tl.load(C_row + offs_n * sC_n, mask=mn, other=0.0).to(tl.float32)
+                    s_t = tl.load(st_row + h * ss_h + s_rel, mask=m2, other=0.0)
+                    xw_t = tl.load(xb_row + h * sxb_h + x_rel, mask=mx, other=0.0)
+                    dtw_t = tl.load(db_row + h * sdb_h + offs_l * sdb_l, mask=valid_l, other=0.0)
+                    xc_t = tl.load(x_row + h * sx_h + offs_p * sx_p, mask=mask_p, other=0.0)
+                    dr_t = tl.load(dt_row + h * sdt_h)
+                    a_t, dtb_t, dco_t = _head_constants(A_ptr, sA, dtbias_ptr, sdtb, D_ptr, sD, h, True,
+                                                        HAS_DT_BIAS, HAS_D)
+                for i in range(0, nh):
+                    h = h0 + i
+                    hn = h + 1
+                    ok = (tl.zeros([], dtype=tl.int32) + i + 1) < nh
+                    okp = (tl.zeros([BLOCK_P], dtype=tl.int32) + i + 1) < nh  # vector masks (the interpreter
+                    okl = (tl.zeros([BLOCK_L], dtype=tl.int32) + i + 1) < nh  # mis-types bool & 0-d bool)
+                    # next head's loads first, so they are in flight while this head computes
+                    s_n = tl.load(st_row + hn * ss_h + s_rel, mask=m2 & okp[:, None], other=0.0)
+                    xw_n = tl.load(xb_row + hn * sxb_h + x_rel, mask=mx & okp[None, :], other=0.0)
+                    dtw_n = tl.load(db_row + hn * sdb_h + offs_l * sdb_l, mask=valid_l & okl, other=0.0)
+                    xc_n = tl.load(x_row + hn * sx_h + offs_p * sx_p, mask=mask_p & okp, other=0.0)
+                    dr_n = tl.load(dt_row + hn * sdt_h, mask=ok, other=0.0)
+                    a_n, dtb_n, dco_n = _head_constants(A_ptr, sA, dtbias_ptr, sdtb, D_ptr, sD, hn, ok,
+                                                        HAS_DT_BIAS, HAS_D)
 
-                        acc = tl.sum(s_t.to(tl.float32) * cv[None, :], 1)  # S0 . C
-                        d = _process_dt(dr_t, dtb_t, HAS_DT_BIAS, DT_SOFTPLUS)
-                        w, abar = _window_weights(dtw_t, d, cur_l, a_t)
-                        xcb = xc_t.to(xbuf_ptr.dtype.element_ty)
-                        xw = tl.where(cur_l[:, None], xcb[None, :], xw_t).to(tl.float32)
-                        y = abar * acc + tl.sum((w * bc)[:, None] * xw, 0)
-                        _head_output_and_append(y, h, c, pb, xc_t, xcb, d, dco_t, offs_p, mask_p, z_row, sz_h,
-                                                sz_p, o_row, so_h, so_p, out_ptr, xb_row, sxb_h, sxb_l, sxb_p, db_row,
-                                                sdb_h, sdb_l, dtbuf_ptr, HAS_D, HAS_Z)
-                        a_t, dtb_t, dco_t = a_n, dtb_n, dco_n
-                        s_t = s_n
-                        xw_t = xw_n
-                        dtw_t = dtw_n
-                        xc_t = xc_n
-                        dr_t = dr_n
+                    acc = tl.sum(s_t.to(tl.float32) * cv[None, :], 1)  # S0 . C
+                    d = _process_dt(dr_t, dtb_t, HAS_DT_BIAS, DT_SOFTPLUS)
+                    w, abar = _window_weights(dtw_t, d, cur_l, a_t)
+                    xcb = xc_t.to(xbuf_ptr.dtype.element_ty)
+                    xw = tl.where(cur_l[:, None], xcb[None, :], xw_t).to(tl.float32)
+                    y = abar * acc + tl.sum((w * bc)[:, None] * xw, 0)
+                    _head_output_and_append(y, h, c, pb, xc_t, xcb, d, dco_t, offs_p, mask_p, z_row, sz_h,
+                                            sz_p, o_row, so_h, so_p, out_ptr, xb_row, sxb_h, sxb_l, sxb_p, db_row,
+                                            sdb_h, sdb_l, dtbuf_ptr, HAS_D, HAS_Z)
+                    a_t, dtb_t, dco_t = a_n, dtb_n, dco_n
+                    s_t = s_n
+                    xw_t = xw_n
+                    dtw_t = dtw_n
+                    xc_t = xc_n
+                    dr_t = dr_n
             else:
                 for i in range(0, nh):
                     h = h0 + i
@@ -740,7 +639,7 @@ def _mamba2_replay_kernel(
     HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     ZERO_IDLE: tl.constexpr, ROUTE: tl.constexpr, ADVANCE: tl.constexpr, DOT_LOWP: tl.constexpr,
     DOT_PREC: tl.constexpr, EARLY_LOAD: tl.constexpr, ADV_SEM: tl.constexpr, FLUSH_FMA: tl.constexpr,
-    ARRIVE_ON_CURSOR: tl.constexpr, OUT_TILES: tl.constexpr,
+    ARRIVE_ON_CURSOR: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NF: tl.constexpr, BLOCK_L: tl.constexpr,
 ):
     """One replay step; sizes and the strides of the checkpoint and of the buffers are compile-time
@@ -751,7 +650,6 @@ def _mamba2_replay_kernel(
         sC_b, sC_g, sC_n, ss_b, ss_h, ss_p, ss_n, sxb_b, sxb_h, sxb_l, sxb_p, sdb_b, sdb_h, sdb_l, sBb_b, sBb_g,
         sBb_l, sBb_n, s_cur, sA, sdtb, sD, sz_b, sz_h, sz_p, so_b, so_h, so_p, HAS_DT_BIAS, HAS_D, HAS_Z,
         DT_SOFTPLUS, ZERO_IDLE, ROUTE, ADVANCE, DOT_LOWP, DOT_PREC, EARLY_LOAD, ADV_SEM, FLUSH_FMA, ARRIVE_ON_CURSOR,
-        OUT_TILES,
         BLOCK_P, BLOCK_N, BLOCK_NF, BLOCK_L,
     )
 
@@ -775,7 +673,7 @@ def _mamba2_replay_kernel_dyn(
     HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     ZERO_IDLE: tl.constexpr, ROUTE: tl.constexpr, ADVANCE: tl.constexpr, DOT_LOWP: tl.constexpr,
     DOT_PREC: tl.constexpr, EARLY_LOAD: tl.constexpr, ADV_SEM: tl.constexpr, FLUSH_FMA: tl.constexpr,
-    ARRIVE_ON_CURSOR: tl.constexpr, OUT_TILES: tl.constexpr,
+    ARRIVE_ON_CURSOR: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NF: tl.constexpr, BLOCK_L: tl.constexpr,
 ):
     """One replay step with sizes and strides as runtime arguments (``specialize=False``)."""
@@ -785,7 +683,6 @@ def _mamba2_replay_kernel_dyn(
         sC_b, sC_g, sC_n, ss_b, ss_h, ss_p, ss_n, sxb_b, sxb_h, sxb_l, sxb_p, sdb_b, sdb_h, sdb_l, sBb_b, sBb_g,
         sBb_l, sBb_n, s_cur, sA, sdtb, sD, sz_b, sz_h, sz_p, so_b, so_h, so_p, HAS_DT_BIAS, HAS_D, HAS_Z,
         DT_SOFTPLUS, ZERO_IDLE, ROUTE, ADVANCE, DOT_LOWP, DOT_PREC, EARLY_LOAD, ADV_SEM, FLUSH_FMA, ARRIVE_ON_CURSOR,
-        OUT_TILES,
         BLOCK_P, BLOCK_N, BLOCK_NF, BLOCK_L,
     )
 
@@ -882,8 +779,7 @@ def _pow2(v: int) -> int:
 def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC: int, BLOCK_N: int | None = None,
                        BLOCK_NF: int | None = None, num_warps: int = 4, num_stages: int = 1, route: str = "fused",
                        advance: str = "atomic", flush: dict | None = None, early_load: bool = False,
-                       advance_sem: str = "relaxed", flush_fma: bool = False, specialize: bool = True,
-                       out_tiles: bool = False) -> dict:
+                       advance_sem: str = "relaxed", flush_fma: bool = False, specialize: bool = True) -> dict:
     """A complete launch configuration from its free knobs.
 
     ``advance``: how the cursor moves on (``"atomic"``, the default: arrivals counted on a separate
@@ -899,13 +795,6 @@ def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC:
     ``specialize``: the replay kernel with the sizes and the strides of the checkpoint and of the
     buffers as compile-time constants (``_mamba2_replay_kernel``); False: as runtime arguments
     (``_mamba2_replay_kernel_dyn``, same program). See ``replay_config`` for when each is faster.
-
-    ``out_tiles``: the output-only route with the window on the columns of the state tile
-    (``_column_window_loads`` / ``_column_window_output``): ``B_k . C`` for every ring slot is
-    formed before the cursor is known, the decay weights are a scan along a warp's columns, and
-    checkpoint and window share one reduction, so the route needs one cross-warp exchange where
-    the default needs several. Needs ``early_load``, one state tile no narrower than the window
-    (``BLOCK_N >= N`` and ``BLOCK_N >= BLOCK_L``) and ``BLOCK_P == BLOCK_L``.
 
     ``flush``: knobs of the persistent flush launch of ``route='split'`` (``BLOCK_P``, ``HC``,
     ``BLOCK_NF``, ``num_warps``, ``num_stages``, ``programs_per_sm`` (default 4) or an absolute
@@ -924,12 +813,7 @@ def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC:
     cfg = dict(BLOCK_P=int(BLOCK_P), BLOCK_N=int(BLOCK_N), BLOCK_NF=int(BLOCK_NF or min(BLOCK_N, 64)),
                BLOCK_L=max(16, _pow2(L)), HC=HC, n_hc=n_hc, n_pb=triton.cdiv(P, BLOCK_P), num_warps=int(num_warps),
                num_stages=int(num_stages), route=route, advance=advance, early_load=bool(early_load),
-               advance_sem=advance_sem, flush_fma=bool(flush_fma), specialize=bool(specialize),
-               out_tiles=bool(out_tiles))
-    if out_tiles and not (early_load and BLOCK_N >= N and BLOCK_N >= cfg["BLOCK_L"] == cfg["BLOCK_P"]):
-        raise ValueError(f"out_tiles needs early_load, one state tile of BLOCK_N >= N and >= the window and "
-                         f"BLOCK_P == the window ({cfg['BLOCK_L']}); got early_load={early_load}, BLOCK_N={BLOCK_N}, "
-                         f"N={N}, BLOCK_P={cfg['BLOCK_P']}")
+               advance_sem=advance_sem, flush_fma=bool(flush_fma), specialize=bool(specialize))
     if route == "split":
         f = dict(BLOCK_P=max(16, cfg["BLOCK_P"]), HC=HC, num_warps=num_warps, num_stages=num_stages,
                  BLOCK_NF=cfg["BLOCK_NF"])
@@ -954,7 +838,7 @@ def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC:
 
 # the free knobs of a launch configuration (keyword arguments of make_replay_config; "flush" aside)
 REPLAY_KNOBS = ("BLOCK_P", "HC", "BLOCK_N", "BLOCK_NF", "num_warps", "num_stages", "route", "advance", "early_load",
-                "advance_sem", "flush_fma", "specialize", "out_tiles")
+                "advance_sem", "flush_fma", "specialize")
 
 
 def replay_knobs(cfg: dict) -> dict:
@@ -1041,7 +925,7 @@ def replay_kernel_constexprs(c: dict, N: int, flags: dict, *, zero_idle: bool, r
         **flags, ZERO_IDLE=bool(zero_idle), ROUTE=route, ADVANCE=bool(advance),
         EARLY_LOAD=bool(c.get("early_load", False)) and c["BLOCK_N"] >= N,  # early loads cover the whole state dim
         ADV_SEM=c.get("advance_sem", "relaxed"), FLUSH_FMA=bool(c.get("flush_fma", False)),
-        ARRIVE_ON_CURSOR=bool(arrive_on_cursor), OUT_TILES=bool(c.get("out_tiles", False)),
+        ARRIVE_ON_CURSOR=bool(arrive_on_cursor),
         BLOCK_P=c["BLOCK_P"], BLOCK_N=c["BLOCK_N"], BLOCK_NF=c["BLOCK_NF"], BLOCK_L=c["BLOCK_L"],
     )
 

@@ -55,7 +55,7 @@ class Problem:
     """Checkpoint, ring buffers, cursors and parameters of one layer for a batch of rows."""
 
     def __init__(self, Bt, H, P, N, G, L, state_dtype, act_dtype, device, cursors, seed=0, has_z=True, has_D=True,
-                 has_bias=True, strided=False, lanes_major_x=False):
+                 has_bias=True, strided=False):
         self.dims = (Bt, H, P, N, G, L)
         self.state_dtype, self.act_dtype, self.device = state_dtype, act_dtype, device
         self.has_z, self.strided = has_z, strided
@@ -86,8 +86,6 @@ class Problem:
             x_buf = _strided(x_buf, 2, 1)
             dt_buf = _strided(dt_buf, 2, 2)
             B_buf = _strided(B_buf, 1, 1)
-        if lanes_major_x:  # the x ring stored (B, H, P, L), seen as (B, H, L, P): slot stride 1
-            x_buf = x_buf.transpose(2, 3).contiguous().transpose(2, 3)
         self.state, self.x_buf, self.dt_buf, self.B_buf = state, x_buf, dt_buf, B_buf
         self.cursor = cur.to(device)
 

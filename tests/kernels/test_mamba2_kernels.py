@@ -206,46 +206,6 @@ def test_replay_flush_fma_variant(L, P, BLOCK_P, HC, N, BLOCK_N, BLOCK_NF, early
     assert worst["y_exact"] < 1e-4 and worst["state_exact"] < 1e-4, worst
 
 
-@pytest.mark.parametrize("L,P,N,BLOCK_N,HC,lanes_major,specialize", [
-    (4, 16, 16, 16, 1, False, True),    # one head per program, the window's 16 columns = the state's
-    (4, 16, 16, 16, 1, True, True),     # the x ring stored lanes-major (slot stride 1)
-    (3, 10, 40, 64, 2, True, True),     # masked lanes and state columns, two heads per program
-    (16, 16, 12, 16, 2, False, False),  # a full 16-slot window wider than the state, runtime sizes
-    (1, 16, 16, 16, 1, True, True),     # every step flushes
-])
-def test_replay_out_tiles_variant(L, P, N, BLOCK_N, HC, lanes_major, specialize):
-    """The column-window output route (``out_tiles``) matches the reference and the exact recurrence,
-    with the x ring in either memory order; flush steps take the flush route as before."""
-    from replayssm.kernels.mamba2.triton_decode import launch_mamba2_replay_decode, make_replay_config
-
-    cfg = make_replay_config(4, P, N, 2, L, BLOCK_P=16, HC=HC, BLOCK_N=BLOCK_N, BLOCK_NF=16, early_load=True,
-                             flush_fma=True, out_tiles=True, specialize=specialize)
-
-    def fn(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None, sp=True, out=None):
-        launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, sp, out,
-                                    False, config=cfg)
-        return out
-
-    cursors = [min(2, L - 1), 0, -1, L - 1]
-    prob = Problem(4, 4, P, N, 2, L, torch.float32, torch.float32, DEV, cursors, seed=41 + L, has_z=True,
-                   has_D=True, has_bias=True, lanes_major_x=lanes_major)
-    worst = check_replay_trajectory(fn, prob, steps=2 * L + 1)
-    assert worst["flushes"] >= 2
-    assert worst["y_exact"] < 1e-4 and worst["state_exact"] < 1e-4, worst
-
-
-def test_replay_out_tiles_needs_one_window_wide_tile():
-    from replayssm.kernels.mamba2.triton_decode import make_replay_config
-
-    with pytest.raises(ValueError, match="out_tiles needs"):
-        make_replay_config(4, 16, 16, 2, 3, BLOCK_P=16, HC=1, out_tiles=True)  # no early loads
-    with pytest.raises(ValueError, match="out_tiles needs"):
-        make_replay_config(4, 16, 16, 2, 3, BLOCK_P=8, HC=1, early_load=True, flush_fma=True, out_tiles=True)
-    with pytest.raises(ValueError, match="out_tiles needs"):
-        make_replay_config(4, 16, 16, 2, 32, BLOCK_P=16, HC=1, BLOCK_N=16, early_load=True, out_tiles=True)
-    assert make_replay_config(4, 16, 16, 2, 3, BLOCK_P=16, HC=1, early_load=True, out_tiles=True)["out_tiles"]
-
-
 @pytest.mark.parametrize("fma", [False, True], ids=["dot-flush", "fma-flush"])
 def test_replay_runtime_layout_kernel(fma):
     """``specialize=False`` (sizes and buffer strides as runtime arguments, ``_mamba2_replay_kernel_dyn``)
