@@ -36,7 +36,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 SHOWN = ("BLOCK_P", "HC", "BLOCK_N", "BLOCK_NF", "num_warps", "num_stages", "early_load", "flush_fma", "specialize",
-         "n_pb")  # printed with each row
+         "n_pb", "order")  # printed with each row
 POINTER = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.int32: "*i32"}
 
 
@@ -53,7 +53,8 @@ def kernel_arguments(H, P, N, G, Bt, L, sdt, adt, c):
             *state.stride(), *xb.stride(), *db.stride(), *bb.stride(), cur.stride(0), 1, 1, 1, 0, 0, 0, *out.stride()]
     layer = dict(HAS_DT_BIAS=True, HAS_D=True, HAS_Z=False, DT_SOFTPLUS=True,
                  DOT_LOWP=td.uses_lowp_dot(sdt, adt, adt), DOT_PREC="tf32x3")
-    flags = td.replay_kernel_constexprs(c, N, layer, zero_idle=False, route=0, advance=True, arrive_on_cursor=False)
+    flags = td.replay_kernel_constexprs(c, N, layer, zero_idle=False, route=0, advance=True, arrive_on_cursor=False,
+                                        n_rows=Bt)
     return tensors + ints, flags
 
 

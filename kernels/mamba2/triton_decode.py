@@ -87,10 +87,11 @@ import triton.language as tl
 
 from ..backend import num_sms
 from ..cursor import advance_cursor_triton, count_arrival, cursor_of_word, cursor_word_counts_arrivals
-from ..persistent import flush_row_chunks, flush_row_prefix, nth_flush_row
+from ..persistent import FLUSH_ROWS, flush_first_row, flush_row_chunks, flush_row_prefix, nth_flush_row
 
 __all__ = ["mamba2_replay_decode_triton", "launch_mamba2_replay_decode", "make_replay_config", "replay_config",
-           "replay_knobs", "REPLAY_KNOBS", "check_arrivals", "replay_kernel_constexprs", "uses_lowp_dot"]
+           "replay_knobs", "REPLAY_KNOBS", "check_arrivals", "replay_kernel_constexprs", "uses_lowp_dot",
+           "flush_first_block"]
 
 
 @triton.jit
@@ -383,6 +384,17 @@ def _flush_heads(
 
 
 @triton.jit
+def _advance_all_if_last(arrived, cur_all, offs_r, n_rows, cursor_ptr, s_cur, cnt_ptr, L):
+    """Launch-wide cursor advance (``order="flush_first"``): the last program of the launch to
+    arrive moves every active row's cursor on (from the cursors it mapped itself with) and clears
+    the count."""
+    if arrived == tl.num_programs(0) - 1:
+        tl.store(cursor_ptr + offs_r * s_cur, ((cur_all + 1) % L).to(cursor_ptr.dtype.element_ty),
+                 mask=(offs_r < n_rows) & (cur_all >= 0))
+        tl.store(cnt_ptr, 0)
+
+
+@triton.jit
 def _replay_program(
     x_ptr, dt_ptr, B_ptr, C_ptr, state_ptr, xbuf_ptr, dtbuf_ptr, Bbuf_ptr, cursor_ptr, A_ptr,
     dtbias_ptr, D_ptr, z_ptr, out_ptr, cnt_ptr,
@@ -401,9 +413,13 @@ def _replay_program(
     HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     ZERO_IDLE: tl.constexpr, ROUTE: tl.constexpr, ADVANCE: tl.constexpr, DOT_LOWP: tl.constexpr,
     DOT_PREC: tl.constexpr, EARLY_LOAD: tl.constexpr, ADV_SEM: tl.constexpr, FLUSH_FMA: tl.constexpr,
-    ARRIVE_ON_CURSOR: tl.constexpr,
+    ARRIVE_ON_CURSOR: tl.constexpr, FLUSH_FIRST_BB: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NF: tl.constexpr, BLOCK_L: tl.constexpr,
 ):
+    # FLUSH_FIRST_BB > 0 (``order="flush_first"``): the programs of the flush rows come first
+    # (``flush_first_row``; FLUSH_FIRST_BB >= the batch, a power of two), and with ADVANCE the
+    # arrivals are counted launch-wide at cnt_ptr[0]: every program (idle rows' too) arrives after
+    # mapping itself from all the cursors, and the last one moves every active row's cursor.
     # ARRIVE_ON_CURSOR (with ADVANCE): arrivals are counted on the cursor word (``kernels/cursor.py``),
     # not at cnt_ptr; c is the word's low byte.
     # ROUTE 0: both routes (runtime branch per row); 1: output-only route only (flush rows
@@ -411,17 +427,30 @@ def _replay_program(
     # BLOCK_N >= N (resp. BLOCK_NF >= N): one state tile per head, and the next head's
     # tile (with its buffer window) is loaded while the current head is computed.
     pid = tl.program_id(0)
-    pb = pid % n_pb
-    t = pid // n_pb
+    n_row = G * n_hc * n_pb  # programs per row
+    if FLUSH_FIRST_BB > 0:
+        n_rows = tl.num_programs(0) // n_row
+        b, t, c, cur_all, offs_r = flush_first_row(pid, n_row, cursor_ptr, s_cur, n_rows, L - 1, FLUSH_FIRST_BB)
+    else:
+        t = pid
+        cur_all, offs_r, n_rows = 0, 0, 0
+    pb = t % n_pb
+    t = t // n_pb
     hc = t % n_hc
     t = t // n_hc
     g = t % G
-    b = (t // G).to(tl.int64)
-
-    n_row = G * n_hc * n_pb  # programs per row
-    c = tl.load(cursor_ptr + b * s_cur)
-    if ARRIVE_ON_CURSOR:
-        c = cursor_of_word(c)
+    if FLUSH_FIRST_BB == 0:
+        b = (t // G).to(tl.int64)
+        c = tl.load(cursor_ptr + b * s_cur)
+        if ARRIVE_ON_CURSOR:
+            c = cursor_of_word(c)
+    if ADVANCE and FLUSH_FIRST_BB > 0:
+        # every thread's cursors went into the reductions that gave b and c (so its loads have
+        # returned); the count is launch-wide, so idle rows' programs arrive as well
+        tl.debug_barrier()
+        arrived_all = tl.atomic_add(cnt_ptr, 1, sem=ADV_SEM)
+    else:
+        arrived_all = 0
     offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
     mask_p = offs_p < P
     h0 = g * HPG + hc * HC
@@ -463,6 +492,8 @@ def _replay_program(
                 h = h0 + i
                 tl.store(out_ptr + b * so_b + h * so_h + offs_p * so_p,
                          tl.zeros([BLOCK_P], dtype=out_ptr.dtype.element_ty), mask=mask_p)
+        if ADVANCE and FLUSH_FIRST_BB > 0:
+            _advance_all_if_last(arrived_all, cur_all, offs_r, n_rows, cursor_ptr, s_cur, cnt_ptr, L)
         return
 
     is_flush = c == L - 1
@@ -470,7 +501,7 @@ def _replay_program(
         if c != L - 1:
             return
 
-    if ADVANCE:
+    if ADVANCE and FLUSH_FIRST_BB == 0:
         # Arrive as soon as c is read (every thread has branched on c above, so its read has
         # returned; see the module notes on ADV_SEM); the last program of the row to arrive
         # writes the new cursor at the end.
@@ -613,10 +644,13 @@ def _replay_program(
             _append_B(B_row, sB_n, Bb_row, sBb_l, sBb_n, Bbuf_ptr, c, N, BLOCK_N)
 
     if ADVANCE:
-        if arrived == n_row - 1:
-            tl.store(cursor_ptr + b * s_cur, ((c + 1) % L).to(cursor_ptr.dtype.element_ty))
-            if not ARRIVE_ON_CURSOR:
-                tl.store(cnt_ptr + b, 0)
+        if FLUSH_FIRST_BB > 0:
+            _advance_all_if_last(arrived_all, cur_all, offs_r, n_rows, cursor_ptr, s_cur, cnt_ptr, L)
+        else:
+            if arrived == n_row - 1:
+                tl.store(cursor_ptr + b * s_cur, ((c + 1) % L).to(cursor_ptr.dtype.element_ty))
+                if not ARRIVE_ON_CURSOR:
+                    tl.store(cnt_ptr + b, 0)
 
 
 @triton.jit
@@ -639,7 +673,7 @@ def _mamba2_replay_kernel(
     HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     ZERO_IDLE: tl.constexpr, ROUTE: tl.constexpr, ADVANCE: tl.constexpr, DOT_LOWP: tl.constexpr,
     DOT_PREC: tl.constexpr, EARLY_LOAD: tl.constexpr, ADV_SEM: tl.constexpr, FLUSH_FMA: tl.constexpr,
-    ARRIVE_ON_CURSOR: tl.constexpr,
+    ARRIVE_ON_CURSOR: tl.constexpr, FLUSH_FIRST_BB: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NF: tl.constexpr, BLOCK_L: tl.constexpr,
 ):
     """One replay step; sizes and the strides of the checkpoint and of the buffers are compile-time
@@ -650,7 +684,7 @@ def _mamba2_replay_kernel(
         sC_b, sC_g, sC_n, ss_b, ss_h, ss_p, ss_n, sxb_b, sxb_h, sxb_l, sxb_p, sdb_b, sdb_h, sdb_l, sBb_b, sBb_g,
         sBb_l, sBb_n, s_cur, sA, sdtb, sD, sz_b, sz_h, sz_p, so_b, so_h, so_p, HAS_DT_BIAS, HAS_D, HAS_Z,
         DT_SOFTPLUS, ZERO_IDLE, ROUTE, ADVANCE, DOT_LOWP, DOT_PREC, EARLY_LOAD, ADV_SEM, FLUSH_FMA, ARRIVE_ON_CURSOR,
-        BLOCK_P, BLOCK_N, BLOCK_NF, BLOCK_L,
+        FLUSH_FIRST_BB, BLOCK_P, BLOCK_N, BLOCK_NF, BLOCK_L,
     )
 
 
@@ -673,7 +707,7 @@ def _mamba2_replay_kernel_dyn(
     HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     ZERO_IDLE: tl.constexpr, ROUTE: tl.constexpr, ADVANCE: tl.constexpr, DOT_LOWP: tl.constexpr,
     DOT_PREC: tl.constexpr, EARLY_LOAD: tl.constexpr, ADV_SEM: tl.constexpr, FLUSH_FMA: tl.constexpr,
-    ARRIVE_ON_CURSOR: tl.constexpr,
+    ARRIVE_ON_CURSOR: tl.constexpr, FLUSH_FIRST_BB: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NF: tl.constexpr, BLOCK_L: tl.constexpr,
 ):
     """One replay step with sizes and strides as runtime arguments (``specialize=False``)."""
@@ -683,7 +717,7 @@ def _mamba2_replay_kernel_dyn(
         sC_b, sC_g, sC_n, ss_b, ss_h, ss_p, ss_n, sxb_b, sxb_h, sxb_l, sxb_p, sdb_b, sdb_h, sdb_l, sBb_b, sBb_g,
         sBb_l, sBb_n, s_cur, sA, sdtb, sD, sz_b, sz_h, sz_p, so_b, so_h, so_p, HAS_DT_BIAS, HAS_D, HAS_Z,
         DT_SOFTPLUS, ZERO_IDLE, ROUTE, ADVANCE, DOT_LOWP, DOT_PREC, EARLY_LOAD, ADV_SEM, FLUSH_FMA, ARRIVE_ON_CURSOR,
-        BLOCK_P, BLOCK_N, BLOCK_NF, BLOCK_L,
+        FLUSH_FIRST_BB, BLOCK_P, BLOCK_N, BLOCK_NF, BLOCK_L,
     )
 
 
@@ -779,7 +813,8 @@ def _pow2(v: int) -> int:
 def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC: int, BLOCK_N: int | None = None,
                        BLOCK_NF: int | None = None, num_warps: int = 4, num_stages: int = 1, route: str = "fused",
                        advance: str = "atomic", flush: dict | None = None, early_load: bool = False,
-                       advance_sem: str = "relaxed", flush_fma: bool = False, specialize: bool = True) -> dict:
+                       advance_sem: str = "relaxed", flush_fma: bool = False, specialize: bool = True,
+                       order: str = "rows") -> dict:
     """A complete launch configuration from its free knobs.
 
     ``advance``: how the cursor moves on (``"atomic"``, the default: arrivals counted on a separate
@@ -796,6 +831,13 @@ def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC:
     buffers as compile-time constants (``_mamba2_replay_kernel``); False: as runtime arguments
     (``_mamba2_replay_kernel_dyn``, same program). See ``replay_config`` for when each is faster.
 
+    ``order``: which rows' programs the launch runs first. ``"rows"``: in row order. ``"flush_first"``
+    (fused route only): the programs of the rows flushing this step first, so that their longer
+    programs do not trail the launch when rows are at different cursors; every program reads all
+    the cursors to find its row (``kernels/persistent.py``, batches up to ``FLUSH_ROWS``; larger
+    ones run in row order), and the cursor advance counts arrivals launch-wide (``"cursor"``
+    advance falls back to ``"atomic"``).
+
     ``flush``: knobs of the persistent flush launch of ``route='split'`` (``BLOCK_P``, ``HC``,
     ``BLOCK_NF``, ``num_warps``, ``num_stages``, ``programs_per_sm`` (default 4) or an absolute
     ``programs`` count, ``persistent`` (default True; False: the replay kernel specialised to the
@@ -804,6 +846,10 @@ def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC:
         raise ValueError(f"advance must be 'cursor', 'atomic', 'kernel' or 'none'; got {advance!r}")
     if advance_sem not in ("relaxed", "release", "acq_rel"):
         raise ValueError(f"advance_sem must be 'relaxed', 'release' or 'acq_rel'; got {advance_sem!r}")
+    if order not in ("rows", "flush_first"):
+        raise ValueError(f"order must be 'rows' or 'flush_first'; got {order!r}")
+    if order == "flush_first" and route != "fused":
+        raise ValueError(f"order='flush_first' needs route='fused'; got route={route!r}")
     HPG = H // G
     if BLOCK_N is None:
         BLOCK_N = max(16, min(_pow2(N), 256)) if N <= 256 else 128
@@ -813,7 +859,7 @@ def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC:
     cfg = dict(BLOCK_P=int(BLOCK_P), BLOCK_N=int(BLOCK_N), BLOCK_NF=int(BLOCK_NF or min(BLOCK_N, 64)),
                BLOCK_L=max(16, _pow2(L)), HC=HC, n_hc=n_hc, n_pb=triton.cdiv(P, BLOCK_P), num_warps=int(num_warps),
                num_stages=int(num_stages), route=route, advance=advance, early_load=bool(early_load),
-               advance_sem=advance_sem, flush_fma=bool(flush_fma), specialize=bool(specialize))
+               advance_sem=advance_sem, flush_fma=bool(flush_fma), specialize=bool(specialize), order=order)
     if route == "split":
         f = dict(BLOCK_P=max(16, cfg["BLOCK_P"]), HC=HC, num_warps=num_warps, num_stages=num_stages,
                  BLOCK_NF=cfg["BLOCK_NF"])
@@ -838,7 +884,7 @@ def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC:
 
 # the free knobs of a launch configuration (keyword arguments of make_replay_config; "flush" aside)
 REPLAY_KNOBS = ("BLOCK_P", "HC", "BLOCK_N", "BLOCK_NF", "num_warps", "num_stages", "route", "advance", "early_load",
-                "advance_sem", "flush_fma", "specialize")
+                "advance_sem", "flush_fma", "specialize", "order")
 
 
 def replay_knobs(cfg: dict) -> dict:
@@ -915,8 +961,16 @@ def uses_lowp_dot(state_dtype: torch.dtype, x_buf_dtype: torch.dtype, B_buf_dtyp
     return state_dtype.itemsize == 2 and x_buf_dtype.itemsize == 2 and x_buf_dtype == B_buf_dtype
 
 
+def flush_first_block(c: dict, n_rows: int, route: int) -> int:
+    """``FLUSH_FIRST_BB`` of a launch over ``n_rows`` rows: 0 (row order) unless configuration ``c``
+    asks for ``order="flush_first"`` on the fused route (``route`` 0) and the batch fits one block."""
+    if c.get("order", "rows") != "flush_first" or route != 0 or n_rows > FLUSH_ROWS:
+        return 0
+    return _pow2(n_rows)
+
+
 def replay_kernel_constexprs(c: dict, N: int, flags: dict, *, zero_idle: bool, route: int, advance: bool,
-                             arrive_on_cursor: bool) -> dict:
+                             arrive_on_cursor: bool, n_rows: int) -> dict:
     """The compile-time arguments of ``_mamba2_replay_kernel`` (and ``_dyn``) for launch configuration
     ``c`` (``make_replay_config``), state size ``N`` and the layer's ``flags`` (HAS_DT_BIAS, HAS_D, HAS_Z,
     DT_SOFTPLUS, DOT_LOWP, DOT_PREC). ``route``: 0 fused, 1 output-only, 2 flush only. The one place
@@ -925,7 +979,7 @@ def replay_kernel_constexprs(c: dict, N: int, flags: dict, *, zero_idle: bool, r
         **flags, ZERO_IDLE=bool(zero_idle), ROUTE=route, ADVANCE=bool(advance),
         EARLY_LOAD=bool(c.get("early_load", False)) and c["BLOCK_N"] >= N,  # early loads cover the whole state dim
         ADV_SEM=c.get("advance_sem", "relaxed"), FLUSH_FMA=bool(c.get("flush_fma", False)),
-        ARRIVE_ON_CURSOR=bool(arrive_on_cursor),
+        ARRIVE_ON_CURSOR=bool(arrive_on_cursor), FLUSH_FIRST_BB=flush_first_block(c, n_rows, route),
         BLOCK_P=c["BLOCK_P"], BLOCK_N=c["BLOCK_N"], BLOCK_NF=c["BLOCK_NF"], BLOCK_L=c["BLOCK_L"],
     )
 
@@ -982,8 +1036,8 @@ def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor
     lowp = uses_lowp_dot(state.dtype, x_buf.dtype, B_buf.dtype)
     prec = cfg.get("dot_precision") or ("ieee" if interp else "tf32x3")
     HPG = H // G
-    if advance == "cursor" and not cursor_word_counts_arrivals(cursor, L):
-        advance = "atomic"  # the cursor word cannot carry the arrival count
+    if advance == "cursor" and (not cursor_word_counts_arrivals(cursor, L) or flush_first_block(cfg, Bt, 0)):
+        advance = "atomic"  # the cursor word cannot carry the arrival count, or it is counted launch-wide
     if advance != "atomic":
         cnt = cursor
     else:
@@ -1005,7 +1059,7 @@ def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor
         kernel[grid](
             *tensors, cnt, P, N, L, G, HPG, c["HC"], c["n_hc"], c["n_pb"], *strides,
             **replay_kernel_constexprs(c, N, flags, zero_idle=zero, route=route_id, advance=advance_here,
-                                       arrive_on_cursor=advance_here and advance == "cursor"),
+                                       arrive_on_cursor=advance_here and advance == "cursor", n_rows=Bt),
             num_warps=c["num_warps"], num_stages=c["num_stages"],
         )
 

@@ -180,6 +180,53 @@ def test_replay_counts_arrivals_in_the_given_counters(monkeypatch):
                                            torch.empty(Bt, 4, 16, device=DEV), False, arrivals=bad)
 
 
+@pytest.mark.parametrize("cursors,BLOCK_P,HC,specialize,fma", [
+    ([2, 0, -1, 2, 1, 2], 8, 1, True, True),     # three flush rows between others, an idle row, 2 lane blocks
+    ([0, 1, 2, -1, -1, 0], 16, 2, False, False),  # runtime sizes, two heads per program, dot flush
+    ([2, 2, 2, 2, 2, 2], 16, 1, True, True),     # every row flushes together
+    ([-1, -1, 0, -1, 1, -1], 16, 1, True, True),  # mostly idle rows
+])
+def test_replay_flush_first_order(cursors, BLOCK_P, HC, specialize, fma):
+    """``order="flush_first"``: the flush rows' programs first, the cursors moved by the launch's last
+    program. Same trajectory as the reference (outputs, rings, checkpoints, cursors every step); the
+    launch-wide count uses only the first entry of ``arrivals`` and leaves it at zero."""
+    from replayssm.kernels.mamba2.triton_decode import flush_first_block, launch_mamba2_replay_decode, \
+        make_replay_config
+
+    Bt, L = len(cursors), 3
+    cfg = make_replay_config(4, 16, 16, 2, L, BLOCK_P=BLOCK_P, HC=HC, BLOCK_N=16, BLOCK_NF=16, early_load=True,
+                             flush_fma=fma, specialize=specialize, order="flush_first")
+    assert flush_first_block(cfg, Bt, 0) == 8 and flush_first_block(cfg, Bt, 1) == 0
+    arrivals = torch.zeros(Bt + 1, dtype=torch.int32, device=DEV)
+    arrivals[Bt] = 5
+    seen = []
+
+    def fn(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None, sp=True, out=None):
+        launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, sp, out,
+                                    False, config=cfg, arrivals=arrivals)
+        seen.append(arrivals.tolist())
+        return out
+
+    prob = Problem(Bt, 4, 16, 16, 2, L, torch.float32, torch.float32, DEV, cursors, seed=51, has_z=True,
+                   has_D=True, has_bias=True)
+    worst = check_replay_trajectory(fn, prob, steps=2 * L + 1)
+    assert worst["flushes"] >= 2
+    assert worst["y_exact"] < 1e-4 and worst["state_exact"] < 1e-4, worst
+    assert seen and all(row == [0] * Bt + [5] for row in seen), seen
+
+
+def test_replay_flush_first_order_config():
+    from replayssm.kernels.mamba2.triton_decode import flush_first_block, make_replay_config
+
+    with pytest.raises(ValueError, match="order must be"):
+        make_replay_config(4, 16, 16, 2, 3, BLOCK_P=16, HC=1, order="random")
+    with pytest.raises(ValueError, match="needs route='fused'"):
+        make_replay_config(4, 16, 16, 2, 3, BLOCK_P=16, HC=1, route="split", order="flush_first")
+    cfg = make_replay_config(4, 16, 16, 2, 3, BLOCK_P=16, HC=1, order="flush_first")
+    assert flush_first_block(cfg, 200, 0) == 256 and flush_first_block(cfg, 5000, 0) == 0  # past one block
+    assert flush_first_block(make_replay_config(4, 16, 16, 2, 3, BLOCK_P=16, HC=1), 200, 0) == 0
+
+
 @pytest.mark.parametrize("L,P,BLOCK_P,HC,N,BLOCK_N,BLOCK_NF,early", [
     (3, 8, 4, 1, 40, 16, 16, False),   # two 4-lane blocks, state dim in three flush tiles
     (4, 16, 8, 2, 16, 16, 16, True),   # two heads per program, early loads: the first head's flush from them
