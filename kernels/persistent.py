@@ -41,23 +41,22 @@ def flush_row_chunks(n_rows_total: int):
 
 @triton.jit
 def flush_first_row(pid, per_row, cur_ptr, s_cur, n_rows, flush_at, BB: tl.constexpr):
-    """Map program ``pid`` of a launch with ``per_row`` programs per row to its row so that the
-    programs of the rows whose cursor is ``flush_at`` come first (in row order), then the other
-    rows' (in row order). Every program loads the ``n_rows`` cursors (``BB`` a power of two
-    ``>= n_rows``). Returns (row (int64), the program's index within its row, the row's cursor,
-    the cursors (BB,), the row offsets (BB,)); padding rows read -1."""
+    """The row of program ``pid`` in a launch of ``per_row`` programs per row (the program's index
+    within its row is ``pid % per_row``) such that the programs of the rows whose cursor is
+    ``flush_at`` come first (in row order), then the other rows' (in row order); row order itself
+    when no row or every row flushes. Every program loads the ``n_rows`` cursors (``BB`` a power of
+    two ``>= n_rows``; padding reads -1). Returns (row (int64), the cursors (BB,), offsets (BB,))."""
     offs = tl.arange(0, BB)
     cur = tl.load(cur_ptr + offs * s_cur, mask=offs < n_rows, other=-1)
     fl = (cur == flush_at).to(tl.int32)
-    csum = tl.cumsum(fl, axis=0)
-    first = tl.sum(fl, axis=0) * per_row  # programs of the flush rows
-    in_flush = pid < first
-    q = tl.where(in_flush, pid, pid - first)
-    rank = q // per_row
-    # the flush row number `rank`, or the other row number `rank` (its prefix count of other rows is
-    # offs + 1 - csum; padding rows count past every rank)
-    row_f = tl.sum((csum <= rank).to(tl.int32), axis=0)
-    row_o = tl.sum((offs + 1 - csum <= rank).to(tl.int32), axis=0)
-    row = tl.where(in_flush, row_f, row_o)
-    c = tl.sum(tl.where(offs == row, cur, 0), axis=0)
-    return row.to(tl.int64), q - rank * per_row, c, cur, offs
+    n_flush = tl.sum(fl, axis=0)
+    row = pid // per_row
+    if (n_flush > 0) & (n_flush < n_rows):
+        csum = tl.cumsum(fl, axis=0)
+        first = n_flush * per_row  # programs of the flush rows
+        in_flush = pid < first
+        rank = tl.where(in_flush, pid, pid - first) // per_row
+        # flush row number `rank` (prefix count csum), or other row number `rank` (prefix count
+        # offs + 1 - csum; padding rows count past every rank)
+        row = tl.sum((tl.where(in_flush, csum, offs + 1 - csum) <= rank).to(tl.int32), axis=0)
+    return row.to(tl.int64), cur, offs

@@ -430,7 +430,9 @@ def _replay_program(
     n_row = G * n_hc * n_pb  # programs per row
     if FLUSH_FIRST_BB > 0:
         n_rows = tl.num_programs(0) // n_row
-        b, t, c, cur_all, offs_r = flush_first_row(pid, n_row, cursor_ptr, s_cur, n_rows, L - 1, FLUSH_FIRST_BB)
+        b, cur_all, offs_r = flush_first_row(pid, n_row, cursor_ptr, s_cur, n_rows, L - 1, FLUSH_FIRST_BB)
+        t = pid % n_row
+        c = tl.load(cursor_ptr + b * s_cur)  # (an L2 hit: it was just read with the others)
     else:
         t = pid
         cur_all, offs_r, n_rows = 0, 0, 0
@@ -444,13 +446,6 @@ def _replay_program(
         c = tl.load(cursor_ptr + b * s_cur)
         if ARRIVE_ON_CURSOR:
             c = cursor_of_word(c)
-    if ADVANCE and FLUSH_FIRST_BB > 0:
-        # every thread's cursors went into the reductions that gave b and c (so its loads have
-        # returned); the count is launch-wide, so idle rows' programs arrive as well
-        tl.debug_barrier()
-        arrived_all = tl.atomic_add(cnt_ptr, 1, sem=ADV_SEM)
-    else:
-        arrived_all = 0
     offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
     mask_p = offs_p < P
     h0 = g * HPG + hc * HC
@@ -492,8 +487,10 @@ def _replay_program(
                 h = h0 + i
                 tl.store(out_ptr + b * so_b + h * so_h + offs_p * so_p,
                          tl.zeros([BLOCK_P], dtype=out_ptr.dtype.element_ty), mask=mask_p)
-        if ADVANCE and FLUSH_FIRST_BB > 0:
-            _advance_all_if_last(arrived_all, cur_all, offs_r, n_rows, cursor_ptr, s_cur, cnt_ptr, L)
+        if ADVANCE and FLUSH_FIRST_BB > 0:  # launch-wide count: idle rows' programs arrive too
+            tl.debug_barrier()
+            _advance_all_if_last(tl.atomic_add(cnt_ptr, 1, sem=ADV_SEM), cur_all, offs_r, n_rows, cursor_ptr, s_cur,
+                                 cnt_ptr, L)
         return
 
     is_flush = c == L - 1
@@ -501,12 +498,15 @@ def _replay_program(
         if c != L - 1:
             return
 
-    if ADVANCE and FLUSH_FIRST_BB == 0:
+    if ADVANCE:
         # Arrive as soon as c is read (every thread has branched on c above, so its read has
         # returned; see the module notes on ADV_SEM); the last program of the row to arrive
-        # writes the new cursor at the end.
+        # writes the new cursor at the end. With FLUSH_FIRST_BB the count is launch-wide (every
+        # thread's cursors also went into the branch on the flush count that mapped the program).
         tl.debug_barrier()
-        if ARRIVE_ON_CURSOR:
+        if FLUSH_FIRST_BB > 0:
+            arrived = tl.atomic_add(cnt_ptr, 1, sem=ADV_SEM)
+        elif ARRIVE_ON_CURSOR:
             arrived = count_arrival(cursor_ptr + b * s_cur, c, ADV_SEM)
         else:
             arrived = tl.atomic_add(cnt_ptr + b, 1, sem=ADV_SEM)
@@ -645,7 +645,7 @@ def _replay_program(
 
     if ADVANCE:
         if FLUSH_FIRST_BB > 0:
-            _advance_all_if_last(arrived_all, cur_all, offs_r, n_rows, cursor_ptr, s_cur, cnt_ptr, L)
+            _advance_all_if_last(arrived, cur_all, offs_r, n_rows, cursor_ptr, s_cur, cnt_ptr, L)
         else:
             if arrived == n_row - 1:
                 tl.store(cursor_ptr + b * s_cur, ((c + 1) % L).to(cursor_ptr.dtype.element_ty))
