@@ -215,6 +215,15 @@ def test_replay_flush_first_order(cursors, BLOCK_P, HC, specialize, fma):
     assert seen and all(row == [0] * Bt + [5] for row in seen), seen
 
 
+def test_default_order_runs_flush_rows_first_above_batch_8():
+    from replayssm.kernels.mamba2.triton_decode import replay_config
+
+    for Bt in (1, 4, 8):
+        assert replay_config(Bt, 128, 64, 128, 8, 16, 4, 2, 132)["order"] == "rows"
+    for Bt in (9, 32, 256, 512):
+        assert replay_config(Bt, 128, 64, 128, 8, 16, 4, 2, 132)["order"] == "flush_first"
+
+
 def test_replay_flush_first_order_config():
     from replayssm.kernels.mamba2.triton_decode import flush_first_block, make_replay_config
 
