@@ -951,12 +951,13 @@ def replay_config(Bt: int, H: int, P: int, N: int, G: int, L: int, state_bytes: 
             # loads, and each window slot's x and weight serve the whole row (H200, batch 1, L=16,
             # whole cycle, same run; results/mamba2_flush_tile_h200_2026-12-02.md)
             BLOCK_NF = BLOCK_N
-    # Above batch 8 the flush rows' programs run first (``order``): with the rows at staggered cursors
+    # From batch 32 the flush rows' programs run first (``order``): with the rows at staggered cursors
     # (serving; 1/L of them flush at each step) a step no longer waits for flush programs that start
     # last. H200, L=16, whole cycles, same run, against row order: staggered 1.06-1.28x faster at batch
-    # 32, 1.02-1.15x at 256; all rows from cursor 0 0.98-1.00x (one case 0.945x); batch 8 0.94-1.05x
-    # either way, so it keeps row order (results/mamba2_flush_first_h200_2026-12-02.md).
-    order = "flush_first" if Bt > 8 else "rows"
+    # 32, 1.15-1.40x at 64, 1.02-1.15x at 256; all rows from cursor 0 0.96-1.00x (one case 0.945x).
+    # Batch 8 and 16 keep row order: 0.94-1.05x at 8; at 16 16-bit checkpoints lost both ways (0.86-0.93x)
+    # (results/mamba2_flush_first_h200_2026-12-02.md).
+    order = "flush_first" if Bt >= 32 else "rows"
     return make_replay_config(H, P, N, G, L, BLOCK_P, HC, BLOCK_N, BLOCK_NF, num_warps=warps, num_stages=stages,
                               early_load=True, flush_fma=flush_fma, specialize=specialize, order=order)
 

@@ -215,12 +215,12 @@ def test_replay_flush_first_order(cursors, BLOCK_P, HC, specialize, fma):
     assert seen and all(row == [0] * Bt + [5] for row in seen), seen
 
 
-def test_default_order_runs_flush_rows_first_above_batch_8():
+def test_default_order_runs_flush_rows_first_from_batch_32():
     from replayssm.kernels.mamba2.triton_decode import replay_config
 
-    for Bt in (1, 4, 8):
+    for Bt in (1, 4, 8, 16, 31):
         assert replay_config(Bt, 128, 64, 128, 8, 16, 4, 2, 132)["order"] == "rows"
-    for Bt in (9, 32, 256, 512):
+    for Bt in (32, 64, 256, 512):
         assert replay_config(Bt, 128, 64, 128, 8, 16, 4, 2, 132)["order"] == "flush_first"
 
 
