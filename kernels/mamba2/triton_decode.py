@@ -48,7 +48,12 @@ The counter is an int32 vector, zero between launches, passed as ``arrivals``
 (patched models keep one per cache, shared by its layers, which run one after the other, so it
 stays in the L2 from layer to layer); without it, one internal counter per device is shared
 by every call, and calls on concurrent streams must then not overlap. ``advance="kernel"``
-runs a separate tiny launch instead. ``"cursor"`` falls back to ``"atomic"`` for cursors that are not
+runs a separate tiny launch instead. With ``order="flush_first"`` (the default from batch 32) each
+program finds its row from all the rows' cursors, so that the flush rows' programs run first; no
+row's cursor may then move before every program has mapped itself, so every program (idle rows'
+too) arrives at one launch-wide count (``arrivals[0]``) and the last one moves every active row's
+cursor (``_advance_all_if_last``; H200: rows at staggered cursors 1.02-1.40x faster at batch 32-256,
+``examples/benchmarks/results/mamba2_flush_first_h200_2026-12-02.md``). ``"cursor"`` falls back to ``"atomic"`` for cursors that are not
 int32 or buffers longer than 127.
 
 ``route="split"`` runs the two routes as two launches: first a persistent flush launch

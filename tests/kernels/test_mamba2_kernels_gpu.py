@@ -111,15 +111,16 @@ def test_options_and_strides(opt, strided, state_dtype, act_dtype):
 
 @pytest.mark.parametrize("shape,state_dtype", [("super", F32), ("mamba2-2.7b", BF16)], ids=["super-s32", "2p7b-s16"])
 def test_large_batch_config_and_out_none(shape, state_dtype):
-    """Batch 64: several heads per program (8 of a group's 16 or 80 with the defaults), the rows at
-    desynchronised cursors; out=None zeroes idle rows."""
+    """Batch 64: several heads per program (8 of a group's 16 or 80 with the defaults), the flush rows'
+    programs first with the launch-wide cursor advance, the rows at desynchronised cursors; out=None
+    zeroes idle rows."""
     from replayssm.kernels.backend import num_sms
     from replayssm.kernels.mamba2.triton_decode import replay_config
 
     H, P, N, G = PROD[shape]
     Bt, L = 64, 4
     cfg = replay_config(Bt, H, P, N, G, L, state_dtype.itemsize, 2, num_sms("cuda", 0))
-    assert cfg["HC"] == 8 and cfg["n_hc"] == H // G // 8
+    assert cfg["HC"] == 8 and cfg["n_hc"] == H // G // 8 and cfg["order"] == "flush_first"
     prob = Problem(Bt, H, P, N, G, L, state_dtype, BF16, "cuda", _cursors(Bt, L, 7), seed=8, has_z=False)
     check_replay_trajectory(_replay(), prob, steps=2 * L + 1, use_out=False, check_exact=state_dtype == F32)
 
