@@ -48,13 +48,15 @@ The counter is an int32 vector, zero between launches, passed as ``arrivals``
 (patched models keep one per cache, shared by its layers, which run one after the other, so it
 stays in the L2 from layer to layer); without it, one internal counter per device is shared
 by every call, and calls on concurrent streams must then not overlap. ``advance="kernel"``
-runs a separate tiny launch instead. With ``order="flush_first"`` (the default from batch 32) each
-program finds its row from all the rows' cursors, so that the flush rows' programs run first; no
-row's cursor may then move before every program has mapped itself, so every program (idle rows'
-too) arrives at one launch-wide count (``arrivals[0]``) and the last one moves every active row's
-cursor (``_advance_all_if_last``; H200: rows at staggered cursors 1.02-1.40x faster at batch 32-256,
-``examples/benchmarks/results/mamba2_flush_first_h200_2026-12-02.md``). ``"cursor"`` falls back to ``"atomic"`` for cursors that are not
+runs a separate tiny launch instead. ``"cursor"`` falls back to ``"atomic"`` for cursors that are not
 int32 or buffers longer than 127.
+
+With ``order="flush_first"`` (the default from batch 32) each program finds its row from all the
+rows' cursors, so that the flush rows' programs run first; no row's cursor may then move before
+every program has mapped itself, so every program (idle rows' too) arrives at one launch-wide count
+(``arrivals[0]``) and the last one moves every active row's cursor (``_advance_all_if_last``; H200:
+rows at staggered cursors 1.02-1.40x faster at batch 32-256,
+``examples/benchmarks/results/mamba2_flush_first_h200_2026-12-02.md``).
 
 ``route="split"`` runs the two routes as two launches: first a persistent flush launch
 (``_mamba2_flush_kernel``: a few programs per multiprocessor share the flush rows' work
@@ -815,6 +817,15 @@ def _pow2(v: int) -> int:
     return triton.next_power_of_2(max(1, int(v)))
 
 
+#: the ways a launch moves the cursors on (``make_replay_config``'s ``advance``)
+ADVANCES = ("cursor", "atomic", "kernel", "none")
+
+
+def _check_advance(advance: str) -> None:
+    if advance not in ADVANCES:
+        raise ValueError(f"advance must be 'cursor', 'atomic', 'kernel' or 'none'; got {advance!r}")
+
+
 def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC: int, BLOCK_N: int | None = None,
                        BLOCK_NF: int | None = None, num_warps: int = 4, num_stages: int = 1, route: str = "fused",
                        advance: str = "atomic", flush: dict | None = None, early_load: bool = False,
@@ -847,8 +858,7 @@ def make_replay_config(H: int, P: int, N: int, G: int, L: int, BLOCK_P: int, HC:
     ``BLOCK_NF``, ``num_warps``, ``num_stages``, ``programs_per_sm`` (default 4) or an absolute
     ``programs`` count, ``persistent`` (default True; False: the replay kernel specialised to the
     flush route, one program per work item, so the output launch carries no flush registers))."""
-    if advance not in ("cursor", "atomic", "kernel", "none"):
-        raise ValueError(f"advance must be 'cursor', 'atomic', 'kernel' or 'none'; got {advance!r}")
+    _check_advance(advance)
     if advance_sem not in ("relaxed", "release", "acq_rel"):
         raise ValueError(f"advance_sem must be 'relaxed', 'release' or 'acq_rel'; got {advance_sem!r}")
     if order not in ("rows", "flush_first"):
@@ -1025,8 +1035,9 @@ def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor
                                 arrivals: torch.Tensor | None = None):
     """Launch the kernel(s); writes ``out`` and the in-place tensors. No host sync.
 
-    ``arrivals``: the per-row arrival counters of ``advance="atomic"`` (int32, at least B entries,
-    zero between launches, left at zero); None uses one shared by every call on the device.
+    ``arrivals``: the arrival counters of ``advance="atomic"`` (int32, at least B entries, zero
+    between launches, left at zero; one per row, or entry 0 alone, launch-wide, with
+    ``order="flush_first"``); None uses one vector shared by every call on the device.
     """
     Bt, H, P, N, G, L = _check(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, out)
     if arrivals is not None:
@@ -1039,8 +1050,7 @@ def launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor
         Bt, H, P, N, G, L, state.element_size(), x_buf.element_size(), n_sm, interp)
     route = route or cfg.get("route", "fused")
     advance = advance or cfg.get("advance", "atomic")
-    if advance not in ("cursor", "atomic", "kernel", "none"):
-        raise ValueError(f"advance must be 'cursor', 'atomic', 'kernel' or 'none'; got {advance!r}")
+    _check_advance(advance)
     if route == "split" and "flush" not in cfg:
         cfg = make_replay_config(H, P, N, G, L, cfg["BLOCK_P"], cfg["HC"], cfg["BLOCK_N"], cfg["BLOCK_NF"],
                                  cfg["num_warps"], cfg["num_stages"], "split", advance,
