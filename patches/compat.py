@@ -69,3 +69,11 @@ def set_recurrent_state(layer, tensor: torch.Tensor) -> None:
             torch._dynamo.mark_static_address(tensor)
         except Exception:  # pragma: no cover - best effort, as transformers does
             pass
+
+
+def generate_cache_kwarg(model) -> str:
+    """The keyword under which ``generate`` / ``forward`` take a cache: ``cache`` (5.24) or ``past_key_values``."""
+    import inspect
+
+    params = inspect.signature(type(model).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"

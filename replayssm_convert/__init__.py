@@ -27,7 +27,7 @@ from .errors import (
 # Everything else is imported on first use, so that `import replayssm` (and every CLI start,
 # `--help` and `--version` included) does not pay for importing torch and transformers.
 _LAZY = {
-    "is_patched": "api", "patch": "api", "replayssm_report": "api", "unpatch": "api",
+    "graph_report": "api", "is_patched": "api", "patch": "api", "release_graphs": "api", "replayssm_report": "api", "unpatch": "api",
     "SCHEMA_VERSION": "config", "ReplaySSMConfig": "config",
     "SSMLayerInfo": "discovery", "find_ssm_layers": "discovery",
     "ConvertResult": "conversion", "convert": "conversion",
@@ -71,8 +71,10 @@ __all__ = [
     "convert",
     "find_ssm_layers",
     "from_pretrained",
+    "graph_report",
     "is_patched",
     "patch",
+    "release_graphs",
     "replayssm_report",
     "save_pretrained",
     "unpatch",

@@ -9,6 +9,7 @@ import torch
 from replayssm.patches.options import LayerReplayOptions
 from replayssm.patches.registry import KIND_LABELS, MIXER_KINDS, replay_class_for, restore_class
 from replayssm.patches.base import OPTIONS_ATTR
+from replayssm.patches.graph_decode import GraphDecoder
 
 from .config import CONFIG_KEY, ReplaySSMConfig
 from .discovery import SSMLayerInfo, find_ssm_layers
@@ -46,13 +47,17 @@ def patch(
     layers: str | Iterable[str] | None | object = _UNSET,
     strict: bool | object = _UNSET,
     backend: str | object = _UNSET,
+    cuda_graphs: bool | object = _UNSET,
+    graph_max_len: int | None | object = _UNSET,
     config: ReplaySSMConfig | None = None,
 ) -> torch.nn.Module:
     """Rewrite the model's SSM layers in place into ReplaySSM layers; return the same model.
 
     Arguments not given come from ``config``, else from a ``replayssm`` block already in
     ``model.config`` (a converted checkpoint), else the defaults (buffer_len=16, the
-    cache's fp32 checkpoint, every SSM layer, strict, backend "auto"). Idempotent: patching
+    cache's fp32 checkpoint, every SSM layer, strict, backend "auto", no CUDA graphs).
+    ``cuda_graphs=True`` makes ``model.generate()`` replay each decode step as a CUDA graph
+    (see ``replayssm.patches.graph_decode``). Idempotent: patching
     a patched model only updates its options. The configuration is recorded on
     ``model.config`` so that ``save_pretrained`` keeps it.
 
@@ -62,7 +67,8 @@ def patch(
     """
     base = config or recorded_config(model) or ReplaySSMConfig()
     overrides = {k: v for k, v in dict(buffer_len=buffer_len, state_dtype=state_dtype, layers=layers,
-                                        strict=strict, backend=backend).items() if v is not _UNSET}
+                                        strict=strict, backend=backend, cuda_graphs=cuda_graphs,
+                                        graph_max_len=graph_max_len).items() if v is not _UNSET}
     if config is not None and overrides:
         raise ConfigError(f"pass either config= or keyword options, not both (got config and {sorted(overrides)})")
     params = base.as_dict()
@@ -103,6 +109,10 @@ def patch(
         module.__class__ = replay_class_for(module)
         setattr(module, OPTIONS_ATTR, options)
         rewritten.append(record)
+    if cfg.cuda_graphs:
+        GraphDecoder.install(model, cfg.graph_max_len)
+    else:
+        GraphDecoder.uninstall(model)
     # layers patched earlier but not selected now keep their rewrite (idempotent, additive)
     top = _top_config(model)
     block_layers = [{"name": r.name, "kind": r.kind} for r in rewritten]
@@ -115,6 +125,7 @@ def patch(
 
 def unpatch(model: torch.nn.Module) -> torch.nn.Module:
     """Restore every rewritten layer's original class and drop the recorded configuration."""
+    GraphDecoder.uninstall(model)
     for _, module in model.named_modules():
         if hasattr(module, OPTIONS_ATTR) or getattr(type(module), "_replayssm_original_class", None):
             restore_class(module)
@@ -135,3 +146,18 @@ def is_patched(model: torch.nn.Module) -> bool:
 def replayssm_report(model: torch.nn.Module) -> dict:
     """What the last ``patch`` did: config, rewritten / skipped / unselected layer records."""
     return getattr(model, REPORT_ATTR, {})
+
+
+def graph_report(model: torch.nn.Module) -> list[dict]:
+    """The pooled caches and CUDA graphs of a model patched with ``cuda_graphs=True``: one dict per
+    (batch size, capacity) with ``batch_size``, ``max_len``, ``captured``, ``capture_s``,
+    ``cache_bytes``, ``graph_bytes``, ``memory_bytes`` and ``fallback`` (why a capture failed)."""
+    decoder = GraphDecoder.of(model)
+    return decoder.report() if decoder is not None else []
+
+
+def release_graphs(model: torch.nn.Module) -> None:
+    """Free the pooled caches and CUDA graphs (they are captured again on the next ``generate()``)."""
+    decoder = GraphDecoder.of(model)
+    if decoder is not None:
+        decoder.release()

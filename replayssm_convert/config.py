@@ -46,6 +46,10 @@ class ReplaySSMConfig:
     layers: names or regular expressions (full match) of the layers to rewrite; None = all.
     backend: "auto" | "triton" | "torch".
     strict: raise on a selected layer this version cannot rewrite (else skip and report it).
+    cuda_graphs: run every decode step of ``generate()`` as a replayed CUDA graph (CUDA only;
+        anything the graphs cannot serve falls back to the eager path with a log line).
+    graph_max_len: with ``cuda_graphs``, the most cache positions (prompt + new tokens) one call may
+        need; None sizes each pooled cache to the call, rounded up to 256.
     """
 
     buffer_len: int = 16
@@ -53,6 +57,8 @@ class ReplaySSMConfig:
     layers: tuple[str, ...] | None = None
     backend: str = "auto"
     strict: bool = True
+    cuda_graphs: bool = False
+    graph_max_len: int | None = None
     schema_version: int = field(default=SCHEMA_VERSION)
 
     def __post_init__(self):
@@ -75,6 +81,11 @@ class ReplaySSMConfig:
                 except re.error as exc:
                     raise ConfigError(f"layers must be valid regular expressions; got {pattern!r} ({exc})") from None
             object.__setattr__(self, "layers", layers)
+        if not isinstance(self.cuda_graphs, bool):
+            raise ConfigError(f"cuda_graphs must be True or False; got {self.cuda_graphs!r}")
+        if self.graph_max_len is not None and (isinstance(self.graph_max_len, bool)
+                                               or not isinstance(self.graph_max_len, int) or self.graph_max_len < 2):
+            raise ConfigError(f"graph_max_len must be an integer >= 2 or None; got {self.graph_max_len!r}")
         if not isinstance(self.schema_version, int) or self.schema_version < 1:
             raise ConfigError(f"schema_version must be a positive integer; got {self.schema_version!r}")
         if self.schema_version > SCHEMA_VERSION:
@@ -103,6 +114,8 @@ class ReplaySSMConfig:
             "buffer_len": self.buffer_len,
             "state_dtype": self.state_dtype or "fp32",
             "backend": self.backend,
+            "cuda_graphs": self.cuda_graphs,
+            "graph_max_len": self.graph_max_len,
             "layers": rewritten,
         }
 
@@ -126,6 +139,8 @@ class ReplaySSMConfig:
             state_dtype=block.get("state_dtype"),
             layers=tuple(re.escape(n) for n in names) or None,
             backend=block.get("backend", "auto"),
+            cuda_graphs=block.get("cuda_graphs", False),
+            graph_max_len=block.get("graph_max_len"),
             strict=True,
             schema_version=version,
         )

@@ -1,0 +1,393 @@
+"""CUDA-graph decoding inside ``model.generate()`` for patched models.
+
+``GraphDecoder.install(model)`` sets ``generate`` and ``forward`` as instance attributes of the
+model (``uninstall`` removes them). The ``generate`` wrapper hands transformers a pooled
+``StaticCache`` of this batch size and capacity (so every tensor a decode step touches has a
+fixed address, reused by later calls) and turns transformers' own ``torch.compile`` off; the
+``forward`` wrapper then runs the first decode step of a slot eagerly (the warm-up: Triton
+compiles, cuBLAS picks its kernels), captures the second into a CUDA graph and replays that
+graph for every later step, copying the step's inputs (token ids, positions, the 4-D attention
+mask transformers builds for a static cache) into the graph's static input tensors. Prefill and
+everything around the model call (logits processors, sampling, stopping) stay eager.
+
+Whatever the graphs cannot serve falls back to the eager patched path with one log line: beam
+search, assisted generation, a cache passed in, a cache implementation asked for, a model off
+CUDA, a sliding-window attention layer (its cache keeps a host-side counter that a graph would
+freeze), more tokens than ``max_len``, a capture that fails.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from . import compat
+from .cache_state import get_buffers
+
+logger = logging.getLogger("replayssm")
+
+ATTR = "_replayssm_graphs"
+#: cache-layer classes whose decode step reads and writes only device tensors at fixed addresses
+GRAPH_SAFE_LAYERS = frozenset({"StaticLayer", "LinearAttentionLayer", "LinearAttentionAndStaticFullAttentionLayer",
+                               "DummyLayer"})
+#: capacity of a pooled cache when no ``max_len`` is set: the call's need rounded up to this
+LEN_BUCKET = 256
+#: pooled caches (with their graphs) kept per model; the least recently used goes first
+MAX_SLOTS = 4
+_ASSISTED = ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit", "assistant_tokenizer")
+
+
+def cuda_graphs_available(device: torch.device) -> bool:
+    """Whether decode steps on ``device`` can be captured (a CUDA device)."""
+    return device.type == "cuda" and torch.cuda.is_available()
+
+
+class CudaGraph:
+    """A captured callable: ``capture_and_run(fn)`` records ``fn`` and runs it once, ``replay()`` again."""
+
+    def __init__(self, pool):
+        self.graph = torch.cuda.CUDAGraph()
+        self.pool = pool
+
+    @staticmethod
+    def new_pool():
+        return torch.cuda.graph_pool_handle()
+
+    @staticmethod
+    def memory_allocated() -> int:
+        return torch.cuda.memory_allocated()
+
+    def capture_and_run(self, fn):
+        with torch.cuda.graph(self.graph, pool=self.pool):
+            output = fn()
+        self.graph.replay()
+        return output
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+def _side_stream_call(fn):
+    """Run ``fn`` on a side stream (warm-up steps before a capture, as CUDA graphs want)."""
+    if not torch.cuda.is_available():
+        return fn()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        result = fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    return result
+
+
+@dataclass
+class GraphSlot:
+    """One pooled static cache and the decode graph captured on it."""
+
+    batch_size: int
+    max_len: int
+    cache: object
+    graph: CudaGraph | None = None
+    signature: tuple | None = None
+    addresses: tuple | None = None
+    static_inputs: dict = field(default_factory=dict)
+    static_output: object = None
+    warm_signature: tuple | None = None
+    step: int = 0
+    capture_s: float | None = None
+    captures: int = 0
+    graph_bytes: int = 0
+    failed: str | None = None
+    last_used: int = 0
+
+    def cache_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in _cache_tensors(self.cache))
+
+    def report(self) -> dict:
+        return {"batch_size": self.batch_size, "max_len": self.max_len, "captured": self.graph is not None,
+                "captures": self.captures, "capture_s": self.capture_s, "cache_bytes": self.cache_bytes(),
+                "graph_bytes": self.graph_bytes, "memory_bytes": self.cache_bytes() + self.graph_bytes,
+                "fallback": self.failed}
+
+
+def _cache_tensors(cache) -> list[torch.Tensor]:
+    """Every device tensor a decode step may read or write, in a fixed order."""
+    found: list[torch.Tensor] = []
+    for layer in getattr(cache, "layers", []):
+        for name in ("keys", "values", "cumulative_length"):
+            value = getattr(layer, name, None)
+            if isinstance(value, torch.Tensor):
+                found.append(value)
+        for name in ("conv_states", "recurrent_states"):
+            states = getattr(layer, name, None)
+            if isinstance(states, dict):
+                found.extend(t for t in states.values() if isinstance(t, torch.Tensor))
+        buffers = get_buffers(layer)
+        if buffers is not None:
+            found.extend(buffers.tensors.values())
+            found.append(buffers.cursor)
+    arrivals = getattr(cache, "__dict__", {}).get("_replayssm_arrivals", {})
+    found.extend(arrivals.values())
+    return found
+
+
+def _addresses(cache) -> tuple:
+    return tuple((t.data_ptr(), t.dtype, tuple(t.shape)) for t in _cache_tensors(cache))
+
+
+def _signature(value):
+    """A hashable description of a forward's arguments: tensors by shape/dtype/device, caches by identity."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), value.dtype, value.device, value.stride())
+    if isinstance(value, dict):
+        return ("dict", tuple((k, _signature(v)) for k, v in sorted(value.items())))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_signature(v) for v in value))
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return ("value", value)
+    return ("object", id(value))
+
+
+def _static_copy(value):
+    """Fresh tensors (outside any graph pool) of the same shape and contents."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, dict):
+        return {k: _static_copy(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_static_copy(v) for v in value)
+    return value
+
+
+def _copy_into(static, value) -> None:
+    if isinstance(static, torch.Tensor):
+        static.copy_(value)
+    elif isinstance(static, dict):
+        for k, v in static.items():
+            _copy_into(v, value[k])
+    elif isinstance(static, (list, tuple)):
+        for s, v in zip(static, value):
+            _copy_into(s, v)
+
+
+def _fresh_output(static_output):
+    """A copy of the graph's output object whose tensors the next replay will not overwrite."""
+    out = copy.copy(static_output)
+    for key, value in static_output.items():
+        if isinstance(value, torch.Tensor):
+            out[key] = value.clone()
+    return out
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+class GraphDecoder:
+    """The CUDA-graph decode of one model (its pooled caches and graphs); see the module notes."""
+
+    def __init__(self, model: torch.nn.Module, max_len: int | None = None):
+        self.model = model
+        self.max_len = max_len
+        self.slots: list[GraphSlot] = []
+        self.current: GraphSlot | None = None
+        self.pool = None
+        self._clock = 0
+        self._logged: set[str] = set()
+        self._original_generate = model.generate
+        self._original_forward = model.forward
+        self._saved = {name: model.__dict__[name] for name in ("generate", "forward") if name in model.__dict__}
+
+    # ------------------------------------------------------------ install
+    @classmethod
+    def install(cls, model: torch.nn.Module, max_len: int | None = None) -> "GraphDecoder":
+        existing = getattr(model, ATTR, None)
+        if existing is not None:
+            existing.max_len = max_len
+            existing.release()
+            return existing
+        decoder = cls(model, max_len)
+
+        @functools.wraps(decoder._original_generate)
+        def generate(*args, **kwargs):
+            return decoder.generate(*args, **kwargs)
+
+        @functools.wraps(decoder._original_forward)
+        def forward(*args, **kwargs):
+            return decoder.forward(*args, **kwargs)
+
+        model.generate, model.forward = generate, forward
+        setattr(model, ATTR, decoder)
+        return decoder
+
+    @staticmethod
+    def uninstall(model: torch.nn.Module) -> None:
+        decoder = getattr(model, ATTR, None)
+        if decoder is None:
+            return
+        decoder.release()
+        for name in ("generate", "forward"):
+            model.__dict__.pop(name, None)
+            if name in decoder._saved:
+                model.__dict__[name] = decoder._saved[name]
+        delattr(model, ATTR)
+
+    @staticmethod
+    def of(model: torch.nn.Module) -> "GraphDecoder | None":
+        return getattr(model, ATTR, None)
+
+    def release(self) -> None:
+        """Drop every pooled cache and graph (their memory returns to PyTorch's allocator)."""
+        self.slots.clear()
+        self.current = None
+        self.pool = None
+
+    def report(self) -> list[dict]:
+        return [slot.report() for slot in self.slots]
+
+    # ------------------------------------------------------------ generate
+    def _log_once(self, reason: str) -> None:
+        if reason not in self._logged:
+            self._logged.add(reason)
+            logger.warning("replayssm: CUDA-graph decoding not used: %s; decoding eagerly", reason)
+
+    def _fallback_reason(self, args, kwargs, config) -> str | None:
+        model = self.model
+        if not cuda_graphs_available(model.device):
+            return f"the model is on {model.device.type}, CUDA graphs need a CUDA device"
+        if model.training:
+            return "the model is in training mode"
+        if compat.find_cache(kwargs) is not None:
+            return "a cache was passed in"
+        if any(kwargs.get(name) is not None for name in _ASSISTED):
+            return "assisted generation"
+        if (config.num_beams or 1) > 1:
+            return "beam search"
+        if config.use_cache is False:
+            return "use_cache=False"
+        if config.cache_implementation is not None:
+            return f"cache_implementation={config.cache_implementation!r} was asked for"
+        if config.output_attentions or config.output_hidden_states:
+            return "per-layer outputs (attentions / hidden states) were asked for"
+        if getattr(config, "prefill_chunk_size", None):
+            return "chunked prefill"
+        return None
+
+    def _prompt_shape(self, args, kwargs) -> tuple[int, int] | None:
+        for value in (*args[:1], kwargs.get("input_ids"), kwargs.get("inputs"), kwargs.get("inputs_embeds")):
+            if isinstance(value, torch.Tensor) and value.dim() >= 2:
+                return int(value.shape[0]), int(value.shape[1])
+        return None
+
+    def generate(self, *args, **kwargs):
+        base = kwargs.get("generation_config") or self.model.generation_config
+        config = copy.deepcopy(base)
+        config.update(**{k: v for k, v in kwargs.items() if k != "generation_config"})
+        shape = self._prompt_shape(args, kwargs)
+        reason = self._fallback_reason(args, kwargs, config)
+        if reason is None and shape is None:
+            reason = "no input_ids / inputs_embeds tensor to size the cache"
+        if reason is None:
+            batch = shape[0] * (config.num_return_sequences or 1)
+            new = config.max_new_tokens if config.max_new_tokens is not None else config.max_length - shape[1]
+            need = shape[1] + max(int(new), 1)
+            if self.max_len is not None and need > self.max_len:
+                reason = f"the call needs {need} cache positions, above graph_max_len={self.max_len}"
+        if reason is not None:
+            self._log_once(reason)
+            return self._original_generate(*args, **kwargs)
+
+        slot = self._slot(batch, need)
+        reason = self._unsafe_layers(slot.cache)
+        if reason is not None:
+            self.slots.remove(slot)
+            self._log_once(reason)
+            return self._original_generate(*args, **kwargs)
+        slot.cache.reset()
+        slot.step = 0
+        self.current = slot
+        kwargs[compat.generate_cache_kwarg(self.model)] = slot.cache
+        kwargs["disable_compile"] = True
+        try:
+            result = self._original_generate(*args, **kwargs)
+        finally:
+            self.current = None
+        if isinstance(result, dict) and any(value is slot.cache for value in result.values()):
+            # the caller now holds this cache: never reset it under them, never replay onto it again
+            self.slots.remove(slot)
+        return result
+
+    def _slot(self, batch: int, need: int) -> GraphSlot:
+        self._clock += 1
+        fitting = [s for s in self.slots if s.batch_size == batch and s.max_len >= need]
+        if fitting:
+            slot = min(fitting, key=lambda s: s.max_len)
+        else:
+            from transformers import StaticCache
+
+            max_len = self.max_len or _round_up(need, LEN_BUCKET)
+            slot = GraphSlot(batch_size=batch, max_len=max_len,
+                             cache=StaticCache(config=self.model.config, max_cache_len=max_len))
+            self.slots.append(slot)
+            while len(self.slots) > MAX_SLOTS:
+                self.slots.remove(min(self.slots, key=lambda s: s.last_used))
+        slot.last_used = self._clock
+        return slot
+
+    @staticmethod
+    def _unsafe_layers(cache) -> str | None:
+        names = sorted({type(layer).__name__ for layer in cache.layers} - GRAPH_SAFE_LAYERS)
+        if names:
+            return f"cache layers {', '.join(names)} keep host-side state that a graph would freeze"
+        return None
+
+    # ------------------------------------------------------------ forward
+    def forward(self, *args, **kwargs):
+        slot = self.current
+        if slot is None or args or compat.find_cache(kwargs) is not slot.cache or not _single_token(kwargs):
+            return self._original_forward(*args, **kwargs)
+        slot.step += 1
+        signature = _signature(kwargs)
+        if slot.failed is not None:
+            return self._original_forward(**kwargs)
+        if slot.graph is not None and signature == slot.signature and (
+                slot.step > 2 or _addresses(slot.cache) == slot.addresses):
+            _copy_into(slot.static_inputs, kwargs)
+            slot.graph.replay()
+            return _fresh_output(slot.static_output)
+        if slot.step > 1 and slot.warm_signature == signature:
+            return self._capture(slot, kwargs, signature)
+        slot.warm_signature = signature
+        return _side_stream_call(lambda: self._original_forward(**kwargs))
+
+    def _capture(self, slot: GraphSlot, kwargs: dict, signature: tuple):
+        static_inputs = _static_copy(kwargs)
+        if self.pool is None:
+            self.pool = CudaGraph.new_pool()
+        graph = CudaGraph(self.pool)
+        before = CudaGraph.memory_allocated()
+        start = time.perf_counter()
+        try:
+            output = graph.capture_and_run(lambda: self._original_forward(**static_inputs))
+        except Exception as exc:  # an op that cannot be captured (a host sync, a data-dependent shape)
+            slot.failed = f"capture failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+            self._log_once(slot.failed)
+            return self._original_forward(**kwargs)
+        slot.capture_s = time.perf_counter() - start
+        slot.graph_bytes = max(CudaGraph.memory_allocated() - before, 0)
+        slot.graph, slot.signature, slot.static_inputs, slot.static_output = graph, signature, static_inputs, output
+        slot.addresses = _addresses(slot.cache)
+        slot.captures += 1
+        return _fresh_output(output)
+
+
+def _single_token(kwargs: dict) -> bool:
+    ids = kwargs.get("input_ids")
+    if isinstance(ids, torch.Tensor):
+        return ids.dim() == 2 and ids.shape[1] == 1
+    embeds = kwargs.get("inputs_embeds")
+    return isinstance(embeds, torch.Tensor) and embeds.dim() == 3 and embeds.shape[1] == 1

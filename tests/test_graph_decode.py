@@ -1,0 +1,151 @@
+"""CUDA-graph decoding inside generate(): the logic that runs without CUDA.
+
+A stand-in for ``CudaGraph`` re-runs the captured function on the static input tensors at every
+replay and copies its outputs into the first call's output tensors, so the pooling, the static
+inputs, the warm-up / capture / replay sequence and the fallbacks are exercised on the CPU; the
+real capture is tested on the GPU (tests/test_graph_decode_gpu.py).
+"""
+
+import logging
+
+import pytest
+import torch
+
+import replayssm
+from replayssm.patches import graph_decode
+
+from helpers import generate, left_padded_batch, max_logit_diff, tiny
+
+FAMILIES = ["nemotron_h", "bamba", "qwen3_5", "kimi_linear"]
+
+
+class ReplayByCall:
+    """CPU stand-in for a CUDA graph: replay() calls the captured function again."""
+
+    instances: list["ReplayByCall"] = []
+
+    def __init__(self, pool):
+        self.fn = self.output = None
+        self.replays = 0
+        ReplayByCall.instances.append(self)
+
+    new_pool = staticmethod(lambda: None)
+    memory_allocated = staticmethod(lambda: 0)
+
+    def capture_and_run(self, fn):
+        self.fn = fn
+        self.output = fn()
+        return self.output
+
+    def replay(self):
+        self.replays += 1
+        fresh = self.fn()
+        for key, value in fresh.items():
+            if isinstance(value, torch.Tensor):
+                self.output[key].copy_(value)
+
+
+@pytest.fixture
+def cpu_graphs(monkeypatch):
+    ReplayByCall.instances.clear()
+    monkeypatch.setattr(graph_decode, "CudaGraph", ReplayByCall)
+    monkeypatch.setattr(graph_decode, "cuda_graphs_available", lambda device: True)
+    return ReplayByCall.instances
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_graph_decode_equals_eager_patched(family, cpu_graphs):
+    model = tiny(family)
+    ids, mask = left_padded_batch(seed=3)
+    kw = dict(max_new_tokens=12, min_new_tokens=12)
+    try:
+        replayssm.patch(model, buffer_len=4)
+        eager = generate(model, ids, mask, **kw)
+        replayssm.patch(model, buffer_len=4, cuda_graphs=True)
+        graphs = generate(model, ids, mask, **kw)
+        assert torch.equal(graphs.sequences, eager.sequences)
+        assert max_logit_diff(graphs, eager) < 1e-5
+        # the returned cache was handed to the caller, so the pool does not keep it
+        assert replayssm.graph_report(model) == []
+        # without returning the cache, the slot and its graph stay for the next call
+        seq1 = model.generate(ids, attention_mask=mask, do_sample=False, pad_token_id=0, **kw)
+        seq2 = model.generate(ids, attention_mask=mask, do_sample=False, pad_token_id=0, **kw)
+        assert torch.equal(seq1, eager.sequences) and torch.equal(seq2, eager.sequences)
+        (report,) = replayssm.graph_report(model)
+        assert report["batch_size"] == 3 and report["captured"] and report["captures"] == 1
+        assert report["max_len"] == 256 and report["fallback"] is None
+        graph = cpu_graphs[-1]
+        decode_steps = kw["max_new_tokens"] - 1  # the first token comes from the prefill
+        # first call: step 1 warms up, step 2 is captured (and run), the rest replay; second call: all replay
+        assert graph.replays == (decode_steps - 2) + decode_steps
+    finally:
+        replayssm.unpatch(model)
+    assert not hasattr(model, graph_decode.ATTR) and "forward" not in model.__dict__ and "generate" not in model.__dict__
+
+
+def test_graph_slots_per_batch_and_sampling(cpu_graphs):
+    model = tiny("qwen3_5")
+    try:
+        replayssm.patch(model, buffer_len=3, cuda_graphs=True, graph_max_len=64)
+        for batch in (1, 2):
+            ids, mask = left_padded_batch(seed=batch, batch=batch)
+            kw = dict(attention_mask=mask, do_sample=True, top_k=20, temperature=0.8, num_return_sequences=2,
+                      max_new_tokens=9, min_new_tokens=9, pad_token_id=0)
+            torch.manual_seed(0)
+            graphs = model.generate(ids, **kw)
+            replayssm.patch(model, buffer_len=3, cuda_graphs=False)
+            torch.manual_seed(0)
+            eager = model.generate(ids, **kw)
+            replayssm.patch(model, buffer_len=3, cuda_graphs=True, graph_max_len=64)
+            assert torch.equal(graphs, eager)
+        # graph_max_len too small for the call: eager, with a log line
+    finally:
+        replayssm.unpatch(model)
+
+
+def test_fallbacks_log_why_and_stay_correct(cpu_graphs, caplog):
+    model = tiny("nemotron_h")
+    ids, mask = left_padded_batch(seed=4, batch=2)
+    kw = dict(max_new_tokens=8, min_new_tokens=8)
+    try:
+        replayssm.patch(model, buffer_len=4)
+        ref_beam = generate(model, ids, mask, num_beams=2, **kw)
+        ref = generate(model, ids, mask, **kw)
+        replayssm.patch(model, buffer_len=4, cuda_graphs=True, graph_max_len=12)
+        with caplog.at_level(logging.WARNING, logger="replayssm"):
+            beam = generate(model, ids, mask, num_beams=2, **kw)
+            long = generate(model, ids, mask, **kw)  # 9 + 8 positions > graph_max_len
+        assert torch.equal(beam.sequences, ref_beam.sequences)
+        assert torch.equal(long.sequences, ref.sequences)
+        text = caplog.text
+        assert "beam search" in text and "graph_max_len=12" in text
+        assert replayssm.graph_report(model) == [] and not cpu_graphs
+    finally:
+        replayssm.unpatch(model)
+
+
+def test_off_cuda_falls_back_once(caplog):
+    model = tiny("bamba")
+    ids, mask = left_padded_batch(seed=5, batch=2)
+    try:
+        replayssm.patch(model, buffer_len=4)
+        ref = generate(model, ids, mask, max_new_tokens=6)
+        replayssm.patch(model, buffer_len=4, cuda_graphs=True)
+        with caplog.at_level(logging.WARNING, logger="replayssm"):
+            a = generate(model, ids, mask, max_new_tokens=6)
+            b = generate(model, ids, mask, max_new_tokens=6)
+        assert torch.equal(a.sequences, ref.sequences) and torch.equal(b.sequences, ref.sequences)
+        assert caplog.text.count("CUDA graphs need a CUDA device") == 1
+    finally:
+        replayssm.unpatch(model)
+
+
+def test_config_records_graph_options():
+    cfg = replayssm.ReplaySSMConfig(cuda_graphs=True, graph_max_len=1024)
+    block = cfg.to_block([])
+    assert block["cuda_graphs"] is True and block["graph_max_len"] == 1024
+    again = replayssm.ReplaySSMConfig.from_block(block)
+    assert again.cuda_graphs and again.graph_max_len == 1024
+    for bad in (dict(cuda_graphs="yes"), dict(graph_max_len=1), dict(graph_max_len=True)):
+        with pytest.raises(replayssm.ConfigError):
+            replayssm.ReplaySSMConfig(**bad)
