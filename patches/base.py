@@ -16,6 +16,9 @@ import sys
 
 import torch
 
+from replayssm.kernels.backend import resolve_backend
+from replayssm.kernels.conv import ACTIVATIONS, conv_update
+
 from . import compat
 from .cache_state import ReplayBuffers, attach_buffers, cache_arrivals, get_buffers
 from .options import LayerReplayOptions
@@ -116,11 +119,16 @@ class ReplayMixin:
     def _conv(self, layer, x: torch.Tensor) -> torch.Tensor:
         """x (B, C) -> conv output (B, C), updating the cache's conv state in place.
 
-        Uses transformers' own ``causal_conv1d_update`` of the original modeling file (the conv
-        path is unchanged by ReplaySSM); ``conv_step`` only where a file has none.
+        On the Triton backend one in-place kernel (``replayssm.kernels.conv``); otherwise
+        transformers' own ``causal_conv1d_update`` of the original modeling file, and ``conv_step``
+        only where a file has none.
         """
         conv_state = compat.conv_state(layer)
         weight = self.conv1d.weight.squeeze(1)
+        backend = self.replay_options.backend
+        if (self.activation in ACTIVATIONS and not torch.compiler.is_compiling()
+                and resolve_backend(backend, x.device) == "triton"):
+            return conv_update(conv_state, x, weight, self.conv1d.bias, self.activation, backend=backend)
         stock_conv = self._stock_function("causal_conv1d_update")
         if stock_conv is not None:
             return stock_conv(x[:, :, None], conv_state, weight, self.conv1d.bias, self.activation)[:, :, 0]

@@ -8,6 +8,8 @@ step on the cache's conv state (transformers' own ``causal_conv1d_update``) -> q
 L2-normalised in fp32 (q scaled by K^-1/2), beta = sigmoid(b) in fp32 (never rounded
 through bf16), log-decay g in fp32 -> ``delta_replay_decode`` (checkpoint in the cache's
 recurrent state + ring of (u, k, g)) -> the module's own gated norm -> output projection.
+With ``buffer_len=1`` the fused per-step kernel (``delta_step_decode``) runs instead: the
+per-step baseline inside the same decode.
 Heads are never expanded here: value head h reads key head h // (HV / Hk) inside the
 kernels, so the 5.17 vs 5.23 difference in where transformers expands them does not matter.
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from replayssm.kernels.delta import delta_replay_decode, delta_replay_materialize, l2norm_qk
+from replayssm.kernels.delta import delta_replay_decode, delta_replay_materialize, delta_step_decode, l2norm_qk
 
 from . import compat
 from .base import ReplayMixin, apply_padding_mask
@@ -34,6 +36,9 @@ class _DeltaReplayMixin(ReplayMixin):
     def _run_kernel(self, layer, buffers, q, k, v, g, beta):
         t = buffers.tensors
         q, k = l2norm_qk(q, k, q.shape[-1] ** -0.5, backend=self.replay_options.backend)
+        if self.replay_options.buffer_len == 1:  # every step writes the state: the fused per-step kernel
+            return delta_step_decode(q, k, v, g, beta, compat.recurrent_state(layer),
+                                     backend=self.replay_options.backend)
         return delta_replay_decode(q, k, v, g, beta, compat.recurrent_state(layer), t["u_buf"], t["k_buf"],
                                    t["g_buf"], buffers.cursor, backend=self.replay_options.backend)
 

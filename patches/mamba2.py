@@ -4,14 +4,16 @@ Decode step (mirrors transformers' own, except for the SSM):
 in_proj -> split (z | xBC | dt) -> conv step on the cache's conv state (transformers'
 own ``causal_conv1d_update``) -> split (x | B | C) -> ``mamba2_replay_decode`` (checkpoint
 in the cache's recurrent state + ring of (x, dt, B)) -> gated RMSNorm (the module's own
-``norm``; FalconH1 without it gates with z inside the kernel) -> out_proj.
+``norm``; FalconH1 without it gates with z inside the kernel) -> out_proj. With
+``buffer_len=1`` every step writes the state anyway, so the fused per-step kernel
+(``mamba2_step_decode``) runs instead: the per-step baseline inside the same decode.
 """
 
 from __future__ import annotations
 
 import torch
 
-from replayssm.kernels.mamba2 import mamba2_replay_decode, mamba2_replay_materialize
+from replayssm.kernels.mamba2 import mamba2_replay_decode, mamba2_replay_materialize, mamba2_step_decode
 
 from . import compat
 from .base import ReplayMixin, apply_padding_mask
@@ -60,19 +62,16 @@ class ReplayMamba2Mixer(ReplayMixin):
         if is_falcon_h1 and not getattr(self, "mamba_rms_norm", True):
             z = gate.reshape(batch, self.num_heads, self.head_dim)
         t = buffers.tensors
-        y = mamba2_replay_decode(
-            x.reshape(batch, self.num_heads, self.head_dim),
-            dt.reshape(batch, self.num_heads),
-            Bm.reshape(batch, self.n_groups, self.ssm_state_size),
-            Cm.reshape(batch, self.n_groups, self.ssm_state_size),
-            compat.recurrent_state(layer),
-            t["x_buf"], t["dt_buf"], t["B_buf"], buffers.cursor,
-            -torch.exp(self.A_log.float()),
-            self.dt_bias, self.D, z,
-            True,
-            arrivals=buffers.extra.get("arrivals"),
-            backend=self.replay_options.backend,
-        )
+        args = (x.reshape(batch, self.num_heads, self.head_dim), dt.reshape(batch, self.num_heads),
+                Bm.reshape(batch, self.n_groups, self.ssm_state_size), Cm.reshape(batch, self.n_groups, self.ssm_state_size))
+        if self.replay_options.buffer_len == 1:  # every step writes the state: the fused per-step kernel
+            y = mamba2_step_decode(*args, compat.recurrent_state(layer), -torch.exp(self.A_log.float()),
+                                   self.dt_bias, self.D, z, True, backend=self.replay_options.backend)
+        else:
+            y = mamba2_replay_decode(
+                *args, compat.recurrent_state(layer), t["x_buf"], t["dt_buf"], t["B_buf"], buffers.cursor,
+                -torch.exp(self.A_log.float()), self.dt_bias, self.D, z, True,
+                arrivals=buffers.extra.get("arrivals"), backend=self.replay_options.backend)
         y = y.reshape(batch, 1, self.num_heads * self.head_dim)
         if not is_falcon_h1 or getattr(self, "mamba_rms_norm", True):
             y = self.norm(y, gate)
