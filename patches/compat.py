@@ -72,8 +72,9 @@ def set_recurrent_state(layer, tensor: torch.Tensor) -> None:
 
 
 def generate_cache_kwarg(model) -> str:
-    """The keyword under which ``generate`` / ``forward`` take a cache: ``cache`` (5.24) or ``past_key_values``."""
+    """The keyword under which ``generate`` / ``forward`` take a cache: ``cache`` (5.24), else
+    ``cache_params`` (5.17's pure Mamba-2 model) or ``past_key_values``."""
     import inspect
 
     params = inspect.signature(type(model).forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+    return next((name for name in CACHE_KWARGS if name in params), "past_key_values")
