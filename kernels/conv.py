@@ -34,35 +34,39 @@ def conv_update_reference(conv_state: torch.Tensor, x: torch.Tensor, weight: tor
 @triton.jit
 def _conv_update_kernel(state_ptr, x_ptr, w_ptr, bias_ptr, out_ptr, C,
                         stride_sb, stride_sc, stride_sk, stride_xb, stride_xc, stride_ob, stride_oc,
-                        K: tl.constexpr, BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
+                        K: tl.constexpr, KP: tl.constexpr, BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr,
+                        SILU: tl.constexpr):
+    # one (BLOCK_C, KP) tile of the state, loaded shifted by one tap: tap k of the new window is
+    # tap k + 1 of the old one, and the last tap is x
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    mask = cols < C
-    state = state_ptr + row * stride_sb + cols * stride_sc
-    x = tl.load(x_ptr + row * stride_xb + cols * stride_xc, mask=mask, other=0.0)
-    acc = tl.load(w_ptr + cols * K + (K - 1), mask=mask, other=0.0).to(tl.float32) * x.to(tl.float32)
-    for k in tl.static_range(K - 1):
-        s = tl.load(state + (k + 1) * stride_sk, mask=mask, other=0.0)
-        acc += tl.load(w_ptr + cols * K + k, mask=mask, other=0.0).to(tl.float32) * s.to(tl.float32)
-        tl.store(state + k * stride_sk, s, mask=mask)
-    tl.store(state + (K - 1) * stride_sk, x.to(state_ptr.dtype.element_ty), mask=mask)
+    taps = tl.arange(0, KP)
+    cmask = cols < C
+    old = state_ptr + row * stride_sb + cols[:, None] * stride_sc + (taps[None, :] + 1) * stride_sk
+    window = tl.load(old, mask=cmask[:, None] & (taps[None, :] < K - 1), other=0.0)
+    x = tl.load(x_ptr + row * stride_xb + cols * stride_xc, mask=cmask, other=0.0)
+    window = tl.where(taps[None, :] == K - 1, x[:, None].to(window.dtype), window)
+    w = tl.load(w_ptr + cols[:, None] * K + taps[None, :], mask=cmask[:, None] & (taps[None, :] < K), other=0.0)
+    acc = tl.sum(window.to(tl.float32) * w.to(tl.float32), axis=1)
+    tl.store(old - stride_sk, window, mask=cmask[:, None] & (taps[None, :] < K))
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        acc += tl.load(bias_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
     if SILU:
         acc = acc * tl.sigmoid(acc)
-    tl.store(out_ptr + row * stride_ob + cols * stride_oc, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + row * stride_ob + cols * stride_oc, acc.to(out_ptr.dtype.element_ty), mask=cmask)
 
 
 def conv_update_triton(conv_state, x, weight, bias, activation):
-    """Triton ``conv_update``; the state is read before it is shifted within each program."""
+    """Triton ``conv_update``; each program reads its state tile before writing it back shifted."""
     batch, channels, width = conv_state.shape
     weight = weight.contiguous()
     out = torch.empty((batch, channels), dtype=x.dtype, device=x.device)
-    block = min(1024, triton.next_power_of_2(channels))
+    block = min(256, triton.next_power_of_2(channels))
     _conv_update_kernel[(batch, triton.cdiv(channels, block))](
         conv_state, x, weight, bias if bias is not None else weight, out, channels,
         *conv_state.stride(), *x.stride(), *out.stride(),
-        K=width, BLOCK_C=block, HAS_BIAS=bias is not None, SILU=activation in ("silu", "swish"), num_warps=4)
+        K=width, KP=triton.next_power_of_2(width), BLOCK_C=block, HAS_BIAS=bias is not None,
+        SILU=activation in ("silu", "swish"), num_warps=4)
     return out
 
 
