@@ -24,6 +24,7 @@ from replayssm.kernels.delta import delta_replay_decode, delta_replay_materializ
 from . import compat
 from .base import ReplayMixin, apply_padding_mask
 from .cache_state import ReplayBuffers
+from .fused_norm import gated_norm
 
 
 class _DeltaReplayMixin(ReplayMixin):
@@ -87,7 +88,8 @@ class ReplayGatedDeltaNetMixer(_DeltaReplayMixin):
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         o = self._run_kernel(layer, buffers, q, k, v, g, beta)  # (B, Hv, dv)
         norm = self.norm if hasattr(self, "norm") else self.o_norm
-        o = norm(o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim)).reshape(batch, 1, -1)
+        o = gated_norm(norm, o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim),
+                       self.replay_options.backend).reshape(batch, 1, -1)
         proj = self.out_proj if hasattr(self, "out_proj") else self.o_proj
         return proj(o)
 
@@ -116,5 +118,6 @@ class ReplayKimiDeltaMixer(_DeltaReplayMixin):
         beta = torch.sigmoid(self.b_proj(h).float()).reshape(batch, H)
         o = self._run_kernel(layer, buffers, q, k, v, g, beta)  # (B, H, D)
         gate = self.g_proj(h) if hasattr(self, "g_proj") else self.g_b_proj(self.g_a_proj(h))
-        o = self.o_norm(o.reshape(batch, 1, H, D), gate.reshape(batch, 1, H, D)).reshape(batch, 1, -1)
+        o = gated_norm(self.o_norm, o.reshape(batch, 1, H, D), gate.reshape(batch, 1, H, D),
+                       self.replay_options.backend).reshape(batch, 1, -1)
         return self.o_proj(o)

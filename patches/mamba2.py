@@ -18,6 +18,7 @@ from replayssm.kernels.mamba2 import mamba2_replay_decode, mamba2_replay_materia
 from . import compat
 from .base import ReplayMixin, apply_padding_mask
 from .cache_state import ReplayBuffers
+from .fused_norm import gated_norm
 
 
 class ReplayMamba2Mixer(ReplayMixin):
@@ -74,5 +75,5 @@ class ReplayMamba2Mixer(ReplayMixin):
                 arrivals=buffers.extra.get("arrivals"), backend=self.replay_options.backend)
         y = y.reshape(batch, 1, self.num_heads * self.head_dim)
         if not is_falcon_h1 or getattr(self, "mamba_rms_norm", True):
-            y = self.norm(y, gate)
+            y = gated_norm(self.norm, y, gate, self.replay_options.backend)
         return self.out_proj(y.to(dtype))
