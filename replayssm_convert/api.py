@@ -53,7 +53,8 @@ def patch(
     Arguments not given come from ``config``, else from a ``replayssm`` block already in
     ``model.config`` (a converted checkpoint), else the defaults (buffer_len=16, the
     cache's fp32 checkpoint, every SSM layer, strict, backend "auto"). Idempotent: patching
-    a patched model only updates its options. The configuration is recorded on
+    a patched model only updates its options; generation caches still in use carry over to
+    the new options exactly (their buffered tokens are folded into the checkpoint). The configuration is recorded on
     ``model.config`` so that ``save_pretrained`` keeps it.
 
     Raises NoSSMLayersError if the model has no SSM layer, UnsupportedLayerError for a
@@ -100,8 +101,12 @@ def patch(
         if not record.can_rewrite:
             continue
         module = model.get_submodule(record.name)
+        previous = getattr(module, OPTIONS_ATTR, None)
         module.__class__ = replay_class_for(module)
-        setattr(module, OPTIONS_ATTR, options)
+        if previous is not None and previous != options:
+            module._replay_reconfigure(options)  # live caches carry over to the new options
+        else:
+            setattr(module, OPTIONS_ATTR, options)
         rewritten.append(record)
     # layers patched earlier but not selected now keep their rewrite (idempotent, additive)
     top = _top_config(model)
@@ -114,9 +119,15 @@ def patch(
 
 
 def unpatch(model: torch.nn.Module) -> torch.nn.Module:
-    """Restore every rewritten layer's original class and drop the recorded configuration."""
+    """Restore every rewritten layer's original class and drop the recorded configuration.
+
+    Generation caches still in use are turned into plain stock caches first (their buffered
+    tokens folded into the recurrent state), so a generation can continue unpatched exactly.
+    """
     for _, module in model.named_modules():
         if hasattr(module, OPTIONS_ATTR) or getattr(type(module), "_replayssm_original_class", None):
+            if hasattr(module, "_replay_release"):
+                module._replay_release()
             restore_class(module)
             if OPTIONS_ATTR in module.__dict__:
                 delattr(module, OPTIONS_ATTR)
