@@ -189,9 +189,7 @@ class ReplayMixin:
         entries folded into the checkpoint, buffers rebuilt for the new options. Raises
         CacheStateError (and changes nothing) if one of them cannot be folded."""
         layers = live_layers(self)
-        for layer in layers:
-            if not self._replay_foldable(layer):
-                self._replay_fold(layer)  # raises
+        self._replay_check_live_caches()
         setattr(self, OPTIONS_ATTR, options)
         for layer in layers:
             state = compat.recurrent_state(layer)
@@ -199,6 +197,12 @@ class ReplayMixin:
                 detach_buffers(layer)
             else:
                 self._replay_rebuild(layer, state.shape[0], get_buffers(layer).extra["key"][0])
+
+    def _replay_check_live_caches(self) -> None:
+        """Raise CacheStateError if a live cache of this mixer holds entries that cannot be folded."""
+        for layer in live_layers(self):
+            if not self._replay_foldable(layer):
+                self._replay_fold(layer)  # raises
 
     def _replay_release(self) -> None:
         """Before unpatching: turn every live cache this mixer prepared into a plain stock cache

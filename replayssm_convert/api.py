@@ -96,6 +96,10 @@ def patch(
             hint="pass strict=False (CLI: --skip-unsupported) to skip such layers, or layers= (--layers) to pick others",
         )
     options = LayerReplayOptions(buffer_len=cfg.buffer_len, state_dtype=cfg.torch_state_dtype, backend=cfg.backend)
+    for record in selected:  # new options for a layer with live caches: all of them can carry over, or nothing changes
+        module = model.get_submodule(record.name)
+        if record.can_rewrite and getattr(module, OPTIONS_ATTR, options) != options:
+            module._replay_check_live_caches()
     rewritten: list[SSMLayerInfo] = []
     for record in selected:
         if not record.can_rewrite:
