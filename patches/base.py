@@ -114,7 +114,7 @@ class ReplayMixin:
                 or buffers._owner is None or buffers._owner() is not self):
             self._replay_rebuild(layer, state.shape[0], hidden_states.dtype, convert=False)
         if self.uses_arrival_counters:
-            cache_arrivals(cache, state.device, state.shape[0])
+            get_buffers(layer).extra["arrivals"] = cache_arrivals(cache, state.device, state.shape[0])
 
     def _replay_rebuild(self, layer, batch: int, act_dtype: torch.dtype, convert: bool = True) -> ReplayBuffers:
         """New buffers for the current options; pending entries of the old ones are folded into the
@@ -132,7 +132,7 @@ class ReplayMixin:
             cursor=torch.zeros(batch, dtype=torch.int32, device=state.device),
             buffer_len=self.replay_options.buffer_len,
             stock_dtype=stock_dtype,
-            extra={"key": key},
+            extra={"key": key, "arrivals": None},  # fixed keys: a compiled step guards on them
         )
         attach_buffers(layer, buffers, owner=self)
         if convert and exact is not None and state.dtype != key[2]:

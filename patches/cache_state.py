@@ -52,7 +52,7 @@ class ReplayBuffers:
 
     def __deepcopy__(self, memo):
         """A copy of the cache is a live cache too: track the copied layer with the same mixer."""
-        extra = {k: v for k, v in self.extra.items() if k != "arrivals"}  # per cache, set every step
+        extra = {k: (None if k == "arrivals" else v) for k, v in self.extra.items()}  # per cache, set every step
         new = ReplayBuffers(copy.deepcopy(self.tensors, memo), copy.deepcopy(self.cursor, memo), self.buffer_len,
                             self.stock_dtype, copy.deepcopy(extra, memo))
         layer = self._layer() if self._layer is not None else None

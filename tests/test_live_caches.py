@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 import transformers
+from torch._dynamo.utils import counters
 
 import replayssm
 from replayssm.errors import CacheStateError
@@ -208,10 +209,12 @@ def _compiled_generate_matches_eager(family, device="cpu", backend="eager", patc
         config = transformers.CompileConfig(fullgraph=True, dynamic=False, backend=backend)
         config._compile_all_devices = True  # compile on CPU too
         torch.compiler.reset()
+        counters.clear()
         out = [generate(model, ids, mask, compile_config=config, **kw)]
         assert hasattr(model, "_compiled_call")
         with torch.compiler.set_stance("fail_on_recompile"):  # a fresh cache: same graph
             out.append(generate(model, *other, compile_config=config, **kw))
+        assert counters["stats"]["unique_graphs"] == 1  # no recompilation from one decode step to the next
     finally:
         replayssm.unpatch(model)
         torch.compiler.reset()
