@@ -210,18 +210,11 @@ class ReplayMixin:
         cache whose pending entries cannot be folded gets a NaN state: it can no longer be read
         right by the stock layer, and must not be read silently wrong."""
         for layer in live_layers(self):
-            buffers = get_buffers(layer)
-            state = compat.recurrent_state(layer)
-            if state is not None:
-                if self._replay_foldable(layer):
-                    exact = self._replay_fold(layer)
-                else:
-                    exact = torch.full(state.shape, float("nan"), device=state.device)
-                state = compat.recurrent_state(layer)
-                if exact is not None and (state.dtype != buffers.stock_dtype or exact.isnan().any()):
-                    compat.set_recurrent_state(layer, exact.to(buffers.stock_dtype))
-                elif state.dtype != buffers.stock_dtype:
-                    compat.set_recurrent_state(layer, state.to(buffers.stock_dtype))
+            buffers, state = get_buffers(layer), compat.recurrent_state(layer)
+            if state is not None and not self._replay_foldable(layer):
+                compat.set_recurrent_state(layer, torch.full_like(state, float("nan"), dtype=buffers.stock_dtype))
+            else:
+                self._replay_sync_for_stock(layer)
             detach_buffers(layer)
         forget(self)
 
