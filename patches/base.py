@@ -7,7 +7,12 @@ subclass, OriginalMixer), {})``. Its ``forward``:
   (checkpoint + ring buffer; transformers' per-step state-update function is never called);
 * anything else (prefill, no cache, training, a cache that records the past) -> first
   fold any buffered tokens back into the checkpoint (so transformers sees the exact
-  state in the dtype it expects), then the original class's ``forward``.
+  state in the dtype it expects), then the original class's ``forward``; after it, the
+  cache layer gets its buffers (allocated here, eagerly, so that a compiled decode step
+  allocates nothing and wraps nothing).
+
+Options change (``patch`` again) and ``unpatch`` go through ``_replay_reconfigure`` /
+``_replay_release``: every live cache the mixer prepared is folded, so it carries over exactly.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from replayssm.kernels.backend import resolve_backend
 from replayssm.kernels.conv import ACTIVATIONS, conv_update
 
 from . import compat
-from .cache_state import ReplayBuffers, attach_buffers, cache_arrivals, get_buffers
+from .cache_state import (ReplayBuffers, attach_buffers, cache_arrivals, detach_buffers, forget, get_buffers,
+                          live_layers)
 from .options import LayerReplayOptions
 
 OPTIONS_ATTR = "_replayssm_options"
@@ -67,7 +73,10 @@ class ReplayMixin:
         if not decode:
             if layer is not None:
                 self._replay_sync_for_stock(layer)
-            return super().forward(hidden_states, *args, **kwargs)
+            out = super().forward(hidden_states, *args, **kwargs)
+            if layer is not None and not self.training and not torch.compiler.is_compiling():
+                self._replay_ready(cache, layer, hidden_states)
+            return out
         attention_mask = kwargs.get("attention_mask")
         if attention_mask is None and len(args) >= 2 and isinstance(args[1], torch.Tensor):
             attention_mask = args[1]
@@ -77,44 +86,140 @@ class ReplayMixin:
         return self._replay_step(hidden_states, layer, buffers, attention_mask)
 
     # --------------------------------------------------------------- helpers
-    def _replay_prepare(self, layer, hidden_states) -> ReplayBuffers:
-        """Buffers for this cache layer, allocated once per batch shape; checkpoint in its dtype."""
+    def _replay_key(self, act_dtype: torch.dtype, stock_dtype: torch.dtype) -> tuple:
+        """What the buffers' layout and the checkpoint's dtype depend on."""
         opts = self.replay_options
+        return act_dtype, opts.buffer_len, opts.state_dtype or stock_dtype
+
+    def _replay_prepare(self, layer, hidden_states) -> ReplayBuffers:
+        """The decode step's buffers; the checkpoint in its dtype. Nothing is allocated here once the
+        prefill has run (``_replay_ready``), so that a compiled decode step only reads the cache."""
         state = compat.recurrent_state(layer)
-        batch = hidden_states.shape[0]
-        act_dtype = hidden_states.dtype
         buffers = get_buffers(layer)
-        key = (act_dtype, opts.buffer_len)
-        if (buffers is None or buffers.extra.get("key") != key or buffers.batch_size != batch
-                or buffers.cursor.device != state.device):  # first decode step of this cache / shape
-            stock_dtype = buffers.stock_dtype if buffers is not None else state.dtype
-            specs = self._replay_buffer_specs(batch, act_dtype)
-            tensors = {name: torch.zeros(shape, dtype=dtype, device=state.device) for name, (shape, dtype) in specs.items()}
-            buffers = ReplayBuffers(
-                tensors=tensors,
-                cursor=torch.zeros(batch, dtype=torch.int32, device=state.device),
-                buffer_len=opts.buffer_len,
-                stock_dtype=stock_dtype,
-                extra={"key": key},
-            )
-            attach_buffers(layer, buffers)
-        if opts.state_dtype is not None and state.dtype != opts.state_dtype:
-            compat.set_recurrent_state(layer, state.to(opts.state_dtype))
+        if (buffers is None or buffers.extra.get("key") != self._replay_key(hidden_states.dtype, buffers.stock_dtype)
+                or buffers.batch_size != hidden_states.shape[0] or buffers.cursor.device != state.device):
+            # a cache this mixer did not prepare, or options / batch / device changed behind its back
+            buffers = torch.compiler.disable(self._replay_rebuild)(layer, hidden_states.shape[0], hidden_states.dtype)
+            state = compat.recurrent_state(layer)
+        target = buffers.extra["key"][2]
+        if state.dtype != target:  # first decode step after a prefill: every cursor is 0
+            compat.set_recurrent_state(layer, state.to(target))
         return buffers
+
+    def _replay_ready(self, cache, layer, hidden_states) -> None:
+        """After the stock path: have buffers (and the cache's arrival counters) ready for decoding."""
+        state = compat.recurrent_state(layer)
+        if state is None or not compat.has_previous_state(layer) or compat.is_recording_past(layer):
+            return
+        buffers = get_buffers(layer)
+        if (buffers is None or buffers.extra.get("key") != self._replay_key(hidden_states.dtype, buffers.stock_dtype)
+                or buffers.batch_size != state.shape[0] or buffers.cursor.device != state.device
+                or buffers._owner is None or buffers._owner() is not self):
+            self._replay_rebuild(layer, state.shape[0], hidden_states.dtype, convert=False)
+        if self.uses_arrival_counters:
+            get_buffers(layer).extra["arrivals"] = cache_arrivals(cache, state.device, state.shape[0])
+
+    def _replay_rebuild(self, layer, batch: int, act_dtype: torch.dtype, convert: bool = True) -> ReplayBuffers:
+        """New buffers for the current options; pending entries of the old ones are folded into the
+        checkpoint first (exactly), and (``convert``) the checkpoint is given the dtype the options
+        ask for. After a prefill the checkpoint keeps the stock dtype until the first decode step,
+        so that a prefill in several chunks runs on the stock state throughout."""
+        old = get_buffers(layer)
+        exact = self._replay_fold(layer)
+        state = compat.recurrent_state(layer)
+        stock_dtype = old.stock_dtype if old is not None else state.dtype
+        key = self._replay_key(act_dtype, stock_dtype)
+        specs = self._replay_buffer_specs(batch, act_dtype)
+        buffers = ReplayBuffers(
+            tensors={name: torch.zeros(shape, dtype=dtype, device=state.device) for name, (shape, dtype) in specs.items()},
+            cursor=torch.zeros(batch, dtype=torch.int32, device=state.device),
+            buffer_len=self.replay_options.buffer_len,
+            stock_dtype=stock_dtype,
+            extra={"key": key, "arrivals": None},  # fixed keys: a compiled step guards on them
+        )
+        attach_buffers(layer, buffers, owner=self)
+        if convert and exact is not None and state.dtype != key[2]:
+            compat.set_recurrent_state(layer, exact.to(key[2]))
+        return buffers
+
+    def _replay_fold(self, layer) -> torch.Tensor | None:
+        """Fold the layer's pending buffer entries into its checkpoint, in place.
+
+        Returns the exact fp32 state, or None where there is nothing to fold (no buffers, or no
+        prefill yet: the next prefill overwrites the state). Raises CacheStateError when pending
+        entries cannot be matched with the checkpoint's rows, rather than drop them.
+        """
+        buffers = get_buffers(layer)
+        state = compat.recurrent_state(layer)
+        if buffers is None or state is None:
+            return None
+        if not compat.has_previous_state(layer):
+            buffers.clear()
+            return None
+        if buffers.batch_size != state.shape[0]:
+            if buffers.pending():
+                from replayssm.errors import CacheStateError
+
+                raise CacheStateError(
+                    f"layer {getattr(self, 'layer_idx', '?')}: expected the cache's recurrent state to have the "
+                    f"{buffers.batch_size} rows its ReplaySSM buffers hold pending tokens for, found "
+                    f"{state.shape[0]}: the cache was edited by something that does not edit its buffers too",
+                    hint="edit a cache through its own methods (reorder_cache, batch_select_indices, ...), "
+                         "or start a new one")
+            buffers.clear()
+            return None
+        if buffers.cursor.device != state.device:
+            buffers.to(state.device)
+        return self._replay_materialize(state, buffers)
+
+    def _replay_foldable(self, layer) -> bool:
+        buffers = get_buffers(layer)
+        state = compat.recurrent_state(layer)
+        return (buffers is None or state is None or not compat.has_previous_state(layer)
+                or buffers.batch_size == state.shape[0] or not buffers.pending())
 
     def _replay_sync_for_stock(self, layer) -> None:
         """Before the stock path runs: fold buffered tokens in and restore the stock dtype."""
         buffers = get_buffers(layer)
+        exact = self._replay_fold(layer)
         state = compat.recurrent_state(layer)
-        if buffers is None or state is None:
+        if buffers is None or state is None or state.dtype == buffers.stock_dtype:
             return
-        if buffers.batch_size == state.shape[0] and compat.has_previous_state(layer):
-            exact = self._replay_materialize(state, buffers)
-        else:
-            exact = state.float()
-            buffers.clear()
-        if state.dtype != buffers.stock_dtype:
-            compat.set_recurrent_state(layer, exact.to(buffers.stock_dtype))
+        compat.set_recurrent_state(layer, (exact if exact is not None else state).to(buffers.stock_dtype))
+
+    def _replay_reconfigure(self, options: LayerReplayOptions) -> None:
+        """New options for this mixer. Every live cache it prepared carries over exactly: pending
+        entries folded into the checkpoint, buffers rebuilt for the new options. Raises
+        CacheStateError (and changes nothing) if one of them cannot be folded."""
+        layers = live_layers(self)
+        self._replay_check_live_caches()
+        setattr(self, OPTIONS_ATTR, options)
+        for layer in layers:
+            state = compat.recurrent_state(layer)
+            if state is None:
+                detach_buffers(layer)
+            else:
+                self._replay_rebuild(layer, state.shape[0], get_buffers(layer).extra["key"][0])
+
+    def _replay_check_live_caches(self) -> None:
+        """Raise CacheStateError if a live cache of this mixer holds entries that cannot be folded."""
+        for layer in live_layers(self):
+            if not self._replay_foldable(layer):
+                self._replay_fold(layer)  # raises
+
+    def _replay_release(self) -> None:
+        """Before unpatching: turn every live cache this mixer prepared into a plain stock cache
+        (pending entries folded, checkpoint in the stock dtype, buffers and wrappers removed). A
+        cache whose pending entries cannot be folded gets a NaN state: it can no longer be read
+        right by the stock layer, and must not be read silently wrong."""
+        for layer in live_layers(self):
+            buffers, state = get_buffers(layer), compat.recurrent_state(layer)
+            if state is not None and not self._replay_foldable(layer):
+                compat.set_recurrent_state(layer, torch.full_like(state, float("nan"), dtype=buffers.stock_dtype))
+            else:
+                self._replay_sync_for_stock(layer)
+            detach_buffers(layer)
+        forget(self)
 
     def _conv(self, layer, x: torch.Tensor) -> torch.Tensor:
         """x (B, C) -> conv output (B, C), updating the cache's conv state in place.

@@ -7,17 +7,29 @@ that instance's ``reorder_cache`` / ``batch_select_indices`` / ``batch_repeat_in
 / ``reset`` / ``offload`` / ``prefetch`` are wrapped (on the instance, not the class) so
 that beam search and batch edits keep buffers, cursors and checkpoint consistent. A new
 ``generate()`` builds a new cache, so it always starts clean.
+
+Buffers are attached eagerly, at the end of the prefill, so that a compiled decode step
+only reads them. Every cache layer that holds buffers is tracked, weakly, by the mixer that
+attached them (``live_layers``; a ``copy.deepcopy`` of the cache is tracked too): a re-patch
+with other options and ``unpatch`` fold their pending entries into the checkpoint, so a
+cache still in use carries over exactly.
 """
 
 from __future__ import annotations
 
+import copy
 import types
+import weakref
 from dataclasses import dataclass, field
 
 import torch
 
 ATTR = "_replayssm"
 ARRIVALS_ATTR = "_replayssm_arrivals"
+METHODS = ("reorder_cache", "batch_select_indices", "batch_repeat_interleave", "reset", "offload", "prefetch")
+
+#: rewritten mixer -> the cache layers it attached buffers to (both weakly)
+_LIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -34,6 +46,26 @@ class ReplayBuffers:
     buffer_len: int
     stock_dtype: torch.dtype
     extra: dict = field(default_factory=dict)
+    #: weak references to the cache layer holding these buffers and the mixer that attached them
+    _layer: weakref.ref | None = field(default=None, repr=False, compare=False)
+    _owner: weakref.ref | None = field(default=None, repr=False, compare=False)
+
+    def __deepcopy__(self, memo):
+        """A copy of the cache is a live cache too: track the copied layer with the same mixer."""
+        extra = {k: (None if k == "arrivals" else v) for k, v in self.extra.items()}  # per cache, set every step
+        new = ReplayBuffers(copy.deepcopy(self.tensors, memo), copy.deepcopy(self.cursor, memo), self.buffer_len,
+                            self.stock_dtype, copy.deepcopy(extra, memo))
+        layer = self._layer() if self._layer is not None else None
+        owner = self._owner() if self._owner is not None else None
+        new_layer = memo.get(id(layer)) if layer is not None else None
+        if new_layer is not None and owner is not None:
+            new._layer, new._owner = weakref.ref(new_layer), self._owner
+            track(owner, new_layer)
+        return new
+
+    def pending(self) -> bool:
+        """Whether any row has buffered entries not yet in the checkpoint (synchronises)."""
+        return bool((self.cursor > 0).any())
 
     @property
     def batch_size(self) -> int:
@@ -82,40 +114,68 @@ def get_buffers(layer) -> ReplayBuffers | None:
     return getattr(layer, ATTR, None)
 
 
+def track(owner, layer) -> None:
+    """Record that mixer ``owner`` keeps buffers on cache layer ``layer`` (weakly)."""
+    live = _LIVE.get(owner)
+    if live is None:
+        live = _LIVE[owner] = weakref.WeakSet()
+    live.add(layer)
+
+
+def live_layers(owner) -> list:
+    """The cache layers, still alive, on which mixer ``owner`` keeps buffers."""
+    layers = []
+    for layer in list(_LIVE.get(owner, ())):
+        buffers = get_buffers(layer)
+        if buffers is not None and buffers._owner is not None and buffers._owner() is owner:
+            layers.append(layer)
+    return layers
+
+
+def forget(owner) -> None:
+    _LIVE.pop(owner, None)
+
+
 def _wrap(layer, name: str, after) -> None:
     original = getattr(layer, name, None)
     if original is None:
         return
+    # call the class's function on whichever instance the wrapper is bound to (a deepcopy of
+    # the layer rebinds the wrapper; a bound original would still edit the first layer)
+    func = getattr(original, "__func__", None)
 
     def wrapper(self, *args, **kwargs):
-        result = original(*args, **kwargs)
+        result = func(self, *args, **kwargs) if func is not None else original(*args, **kwargs)
         buffers = getattr(self, ATTR, None)
         if buffers is not None:
-            after(buffers, *args, **kwargs)
+            after(self, buffers, *args, **kwargs)
         return result
 
     wrapper.__replayssm_original__ = original
     setattr(layer, name, types.MethodType(wrapper, layer))
 
 
-def attach_buffers(layer, buffers: ReplayBuffers) -> None:
-    """Store ``buffers`` on the cache layer, wrapping its batch-editing methods once."""
+def attach_buffers(layer, buffers: ReplayBuffers, owner=None) -> None:
+    """Store ``buffers`` on the cache layer, wrapping its batch-editing methods once; ``owner``
+    (the mixer) tracks the layer weakly."""
     if not getattr(layer, "_replayssm_wrapped", False):
-        _wrap(layer, "reorder_cache", lambda b, beam_idx, *a, **k: b.index_select(beam_idx))
-        _wrap(layer, "batch_select_indices", lambda b, indices, *a, **k: b.select(indices))
-        _wrap(layer, "batch_repeat_interleave", lambda b, repeats, *a, **k: b.repeat_interleave(repeats))
-        _wrap(layer, "reset", lambda b, *a, **k: b.clear())
-        _wrap(layer, "offload", lambda b, *a, **k: b.to("cpu"))
-        _wrap(layer, "prefetch", lambda b, *a, **k: b.to(getattr(layer, "device", None) or b.cursor.device))
+        _wrap(layer, "reorder_cache", lambda s, b, beam_idx, *a, **k: b.index_select(beam_idx))
+        _wrap(layer, "batch_select_indices", lambda s, b, indices, *a, **k: b.select(indices))
+        _wrap(layer, "batch_repeat_interleave", lambda s, b, repeats, *a, **k: b.repeat_interleave(repeats))
+        _wrap(layer, "reset", lambda s, b, *a, **k: b.clear())
+        _wrap(layer, "offload", lambda s, b, *a, **k: b.to("cpu"))
+        _wrap(layer, "prefetch", lambda s, b, *a, **k: b.to(getattr(s, "device", None) or b.cursor.device))
         layer._replayssm_wrapped = True
+    if owner is not None:
+        buffers._layer, buffers._owner = weakref.ref(layer), weakref.ref(owner)
+        track(owner, layer)
     setattr(layer, ATTR, buffers)
 
 
 def detach_buffers(layer) -> None:
     """Remove the buffers and restore the cache layer's own methods."""
     if getattr(layer, "_replayssm_wrapped", False):
-        for name in ("reorder_cache", "batch_select_indices", "batch_repeat_interleave", "reset", "offload",
-                     "prefetch"):
+        for name in METHODS:
             bound = layer.__dict__.get(name)
             if bound is not None and hasattr(bound, "__func__"):
                 del layer.__dict__[name]

@@ -57,8 +57,9 @@ def patch(
     ``model.config`` (a converted checkpoint), else the defaults (buffer_len=16, the
     cache's fp32 checkpoint, every SSM layer, strict, backend "auto", no CUDA graphs).
     ``cuda_graphs=True`` makes ``model.generate()`` replay each decode step as a CUDA graph
-    (see ``replayssm.patches.graph_decode``). Idempotent: patching
-    a patched model only updates its options. The configuration is recorded on
+    (see ``replayssm.patches.graph_decode``). Idempotent: patching a patched model only
+    updates its options; generation caches still in use carry over to the new options exactly
+    (their buffered tokens are folded into the checkpoint). The configuration is recorded on
     ``model.config`` so that ``save_pretrained`` keeps it.
 
     Raises NoSSMLayersError if the model has no SSM layer, UnsupportedLayerError for a
@@ -101,13 +102,21 @@ def patch(
             hint="pass strict=False (CLI: --skip-unsupported) to skip such layers, or layers= (--layers) to pick others",
         )
     options = LayerReplayOptions(buffer_len=cfg.buffer_len, state_dtype=cfg.torch_state_dtype, backend=cfg.backend)
+    for record in selected:  # new options for a layer with live caches: all of them can carry over, or nothing changes
+        module = model.get_submodule(record.name)
+        if record.can_rewrite and getattr(module, OPTIONS_ATTR, options) != options:
+            module._replay_check_live_caches()
     rewritten: list[SSMLayerInfo] = []
     for record in selected:
         if not record.can_rewrite:
             continue
         module = model.get_submodule(record.name)
+        previous = getattr(module, OPTIONS_ATTR, None)
         module.__class__ = replay_class_for(module)
-        setattr(module, OPTIONS_ATTR, options)
+        if previous is not None and previous != options:
+            module._replay_reconfigure(options)  # live caches carry over to the new options
+        else:
+            setattr(module, OPTIONS_ATTR, options)
         rewritten.append(record)
     if cfg.cuda_graphs:
         GraphDecoder.install(model, cfg.graph_max_len)
@@ -124,10 +133,16 @@ def patch(
 
 
 def unpatch(model: torch.nn.Module) -> torch.nn.Module:
-    """Restore every rewritten layer's original class and drop the recorded configuration."""
+    """Restore every rewritten layer's original class and drop the recorded configuration.
+
+    Generation caches still in use are turned into plain stock caches first (their buffered
+    tokens folded into the recurrent state), so a generation can continue unpatched exactly.
+    """
     GraphDecoder.uninstall(model)
     for _, module in model.named_modules():
         if hasattr(module, OPTIONS_ATTR) or getattr(type(module), "_replayssm_original_class", None):
+            if hasattr(module, "_replay_release"):
+                module._replay_release()
             restore_class(module)
             if OPTIONS_ATTR in module.__dict__:
                 delattr(module, OPTIONS_ATTR)

@@ -52,3 +52,7 @@ class BackendError(ReplaySSMError):
 
 class OutOfDiskError(ReplaySSMError, OSError):
     """Not enough free disk space to write the output."""
+
+
+class CacheStateError(ReplaySSMError):
+    """A generation cache's ReplaySSM buffers do not match the cache they live in."""
