@@ -50,7 +50,7 @@ def bench_command(
                                                  "table on stderr)."),
     plot_path: Optional[Path] = typer.Option(None, "--plot", metavar="PATH", show_default=False,
                                              help="Write a PNG of tokens/s against batch size, one line per variant "
-                                                  "(needs matplotlib: pip install 'replayssm[bench]')."),
+                                                  "(needs matplotlib: pip install 'replayssm\\[bench]')."),
     smoke: bool = typer.Option(False, "--smoke", help="A quick check of every code path: batch sizes 1,2, few "
                                                       "tokens, fp32, on the CPU (the options above still apply)."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code",
@@ -92,7 +92,7 @@ def bench_command(
     plot_file = check_output_path(plot_path, "--plot", suffix=".png") if plot_path is not None else None
     if plot_file is not None and not matplotlib_available():
         err.print(f"! --plot: matplotlib is not installed; {PLOT_HINT} to get the plot (the table is printed "
-                  "without it)")
+                  "without it)", markup=False)
         plot_file = None
 
     from replayssm.bench import load_model, plot, run_bench
@@ -111,7 +111,7 @@ def bench_command(
     result = run_bench(net, settings, model_info=info, on_row=progress, raise_errors=debug)
     data = result.to_dict()
     data["command"] = settings.command_line(model, preset)
-    (err if to_stdout else out).print(bench_table(data))
+    print_table(err if to_stdout else out, bench_table(data))
     if to_stdout:
         print_json(data)
     elif json_file is not None:
@@ -146,6 +146,22 @@ def _cell_summary(row) -> str:
         text = f"{_ms(row.ms_per_step)} ms/step, {row.tokens_per_s:,.0f} tokens/s"
         return text + (f" ({row.note})" if row.note else "")
     return f"{row.status}: {row.note}" if row.status != "n/a" else f"n/a: {row.note}"
+
+
+def print_table(console, table) -> None:
+    """At a terminal, fit its width (long cells fold); into a file or pipe, at the table's full width."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    from rich.measure import Measurement
+
+    width = Measurement.get(console, console.options.update(width=10_000), table).maximum
+    saved = console.width
+    console.width = max(saved, width)
+    try:
+        console.print(table)
+    finally:
+        console.width = saved
 
 
 def bench_table(data: dict[str, Any]):

@@ -439,7 +439,7 @@ def _measure(model, row: BenchRow, settings: BenchSettings, vocab: int, pad: int
         t_short = _timed_generate(model, ids, mask, n0, pad, cuda)
         t_long = _timed_generate(model, ids, mask, n, pad, cuda)
         steps.append((t_long - t_short) / (n - n0) * 1e3)
-    row.step_ms_samples = [round(s, 4) for s in steps]
+    row.step_ms_samples = steps
     row.ms_per_step = statistics.median(steps)
     row.tokens_per_s = row.batch_size / (row.ms_per_step / 1e3) if row.ms_per_step > 0 else None
     row.prefill_ms = statistics.median(prefill) * 1e3
