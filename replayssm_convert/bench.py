@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .errors import ConfigError, ModelSpecError
+from .errors import ConfigError
 
 VARIANTS = ("stock", "eager", "graphs", "graphs-per-step")
 GRAPH_VARIANTS = ("graphs", "graphs-per-step")
@@ -178,7 +178,7 @@ def load_model(*, model: str | None, preset: str | None, settings: BenchSettings
     import torch
 
     from .presets import build_preset, preset as get_preset
-    from .resolve import causal_lm_class, resolve_model
+    from .resolve import causal_lm_class, load_config, resolve_model
     from .tiny import build_tiny_model, is_tiny_spec, tiny_family
 
     if (model is None) == (preset is None):
@@ -194,10 +194,8 @@ def load_model(*, model: str | None, preset: str | None, settings: BenchSettings
         net = build_tiny_model(model, dtype).to(device)
         source = {"kind": "tiny", "spec": model}
     else:
-        from transformers import AutoConfig
-
         resolved = resolve_model(model)
-        config = AutoConfig.from_pretrained(str(resolved.path), trust_remote_code=trust_remote_code)
+        config = load_config(resolved, trust_remote_code=trust_remote_code)
         cls = causal_lm_class(config, trust_remote_code=trust_remote_code)
         extra = {"trust_remote_code": True} if trust_remote_code else {}
         try:
@@ -258,11 +256,8 @@ def _patch_variant(model, variant: str, settings: BenchSettings, base) -> None:
     graphs = variant in GRAPH_VARIANTS
     buffer_len = 1 if variant == "graphs-per-step" else settings.buffer_len
     options: dict[str, Any] = dict(buffer_len=buffer_len, state_dtype=settings.state_dtype)
-    has_graphs = graph_support() is None
-    if has_graphs:
+    if graph_support() is None:  # callers report the graph variants as unavailable otherwise
         options["cuda_graphs"] = graphs
-    elif graphs:  # pragma: no cover - callers report the variant as unavailable first
-        raise BenchError(graph_support())
     if base is None:
         replayssm.patch(model, **options)
         return

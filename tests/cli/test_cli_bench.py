@@ -122,6 +122,29 @@ def test_without_matplotlib_the_plot_is_one_line_and_the_table_still_prints(tmp_
     assert "ms/step" in captured.out and not target.exists()
 
 
+def test_a_failed_cell_is_shown_and_the_exit_code_is_one(monkeypatch, capsys):
+    import replayssm.bench
+    from replayssm.cli.main import main
+
+    real = replayssm.bench._measure
+
+    def measure(model, row, *args):
+        if row.batch_size == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB.")
+        return real(model, row, *args)
+
+    monkeypatch.setattr(replayssm.bench, "_measure", measure)
+    code = main(["bench", "tiny:mamba2", "--smoke", "--variants", "eager", "--batch-sizes", "1,2,3"])
+    captured = capsys.readouterr()
+    assert code == 1, captured.err
+    lines = captured.out.splitlines()
+    assert any(ln.split()[:2] == ["1", "eager"] and "ms/step" not in ln for ln in lines)
+    assert any(ln.split()[:2] == ["2", "eager"] and ln.rstrip().endswith("out of memory") for ln in lines)
+    assert any(ln.split()[:2] == ["3", "eager"] and ln.rstrip().endswith("skipped: batch 2 ran out of memory")
+               for ln in lines)
+    assert "2 of 3 cells failed" in captured.err
+
+
 BAD = [
     (["--preset", "nope"], "unknown preset 'nope'; expected one of: nemotron3-nano-like"),
     (["tiny:qwen3_5", "--preset", "qwen3.5-4b-like"], "either MODEL or --preset, not both"),
@@ -258,6 +281,34 @@ def test_out_of_memory_becomes_a_row_and_the_model_is_given_back(monkeypatch):
     assert all(rows[b, "graphs"].status == "n/a" for b in (1, 2, 3))
     assert result.to_dict()["ok"] is False and len(result.failed) == 2
     assert replayssm.is_patched(model) and json.dumps(model.config.replayssm, sort_keys=True) == block
+
+
+def test_a_converted_checkpoint_keeps_its_layer_selection(tmp_path, monkeypatch, tiny_cache):
+    """MODEL as a converted directory: loaded stock, each patched variant rewrites only the layers its
+    replayssm block names, with the benchmark's buffer_len, and the block is back on the config after."""
+    import replayssm
+    from replayssm import bench
+    from replayssm.api import replayssm_report
+
+    out = tmp_path / "converted"
+    replayssm.convert("tiny:bamba", out, layers=["model.layers.0.mamba"], validate=False)
+    settings = bench.BenchSettings(batch_sizes=(1,), variants=("stock", "eager"), buffer_len=3, device="cpu",
+                                   dtype="fp32")
+    model, info = bench.load_model(model=str(out), preset=None, settings=settings)
+    assert info["source"]["kind"] == "directory" and not replayssm.is_patched(model)
+    block = json.dumps(model.config.replayssm, sort_keys=True)
+    seen = []
+
+    def measure(net, row, *args):
+        report = replayssm_report(net)
+        seen.append((row.variant, [r.name for r in report.get("rewritten", [])],
+                     report["config"].buffer_len if report else None))
+        row.ms_per_step, row.tokens_per_s, row.prefill_ms = 1.0, 1.0, 1.0
+
+    monkeypatch.setattr(bench, "_measure", measure)
+    bench.run_bench(model, settings, model_info=info)
+    assert seen == [("stock", [], None), ("eager", ["model.layers.0.mamba"], 3)]
+    assert not replayssm.is_patched(model) and json.dumps(model.config.replayssm, sort_keys=True) == block
 
 
 def test_graph_variants_are_unavailable_without_cuda_or_without_the_option():
