@@ -39,7 +39,8 @@ DTYPES = ("fp32", "bf16", "fp16")
 STATE_DTYPES = ("fp32", "bf16", "fp16")
 DEFAULT_BATCH_SIZES = (1, 8, 64, 256)
 #: what ``--smoke`` changes (each unless given): a tiny CPU run of every code path
-SMOKE = dict(batch_sizes=(1, 2), new_tokens=10, prompt_len=8, dtype="fp32", buffer_len=4, repeats=1, device="cpu")
+SMOKE = dict(batch_sizes=(1, 2), new_tokens=20, prompt_len=8, dtype="fp32", buffer_len=4, repeats=2,
+             device="cpu")
 PLOT_HINT = "pip install 'replayssm[bench]'"
 
 
@@ -136,7 +137,8 @@ def check_output_path(path: str | os.PathLike, option: str, *, suffix: str | Non
     """An output file that can be written: its folder exists and is writable, it is not a folder."""
     p = Path(path).expanduser()
     if suffix is not None and p.suffix.lower() != suffix:
-        raise BenchError(f"{option} writes a {suffix[1:].upper()} file; give a path ending in {suffix}, got {str(path)!r}")
+        raise BenchError(f"{option} writes a {suffix[1:].upper()} file; give a path ending in {suffix}, "
+                         f"got {str(path)!r}")
     if p.is_dir():
         raise BenchError(f"{option} {str(path)!r} is a directory; give a file path")
     parent = p.parent if str(p.parent) else Path(".")
