@@ -18,33 +18,33 @@ _PRESET_NAMES = ", ".join(PRESETS)
 
 
 def bench_command(
-    model: Optional[str] = typer.Argument(None, metavar="[MODEL]", show_default=False,
+    model: Optional[str] = typer.Argument(None, metavar="MODEL", show_default=False,
                                           help=MODEL_HELP + " Or --preset instead."),
     preset: Optional[str] = typer.Option(None, "--preset", metavar="NAME", show_default=False,
                                          help=f"A real-size model with random weights, no download: {_PRESET_NAMES}."),
     batch_sizes: Optional[str] = typer.Option(None, "--batch-sizes", "-b", metavar="LIST", show_default=False,
-                                              help="Comma-separated batch sizes [default: 1,8,64,256; --smoke: 1,2]."),
+                                              help="Comma-separated batch sizes \\[default: 1,8,64,256; --smoke: 1,2]."),
     new_tokens: Optional[int] = typer.Option(None, "--new-tokens", "-n", min=2, metavar="N", show_default=False,
                                              help="N, new tokens per row of the long timed generate(); the step "
                                                   "time is (t(N) - t(n0)) / (N - n0) with n0 = N/5 "
-                                                  "[default: 40; --smoke: 20]."),
+                                                  "\\[default: 40; --smoke: 20]."),
     prompt_len: Optional[int] = typer.Option(None, "--prompt-len", min=1, metavar="N", show_default=False,
-                                             help="Prompt tokens per row [default: 16; --smoke: 8]."),
+                                             help="Prompt tokens per row \\[default: 16; --smoke: 8]."),
     dtype: Optional[StateDtype] = typer.Option(None, "--dtype", case_sensitive=False, show_default=False,
-                                               help="Weights and activations [default: bf16; --smoke: fp32]."),
+                                               help="Weights and activations \\[default: bf16; --smoke: fp32]."),
     state_dtype: StateDtype = typer.Option(StateDtype.fp32, "--state-dtype", case_sensitive=False,
                                            help="dtype of the ReplaySSM checkpoint state."),
     buffer_len: Optional[int] = typer.Option(None, "--buffer-len", "-L", min=1, max=256, show_default=False,
-                                             help="L of the replay variants (1-256) [default: 16; --smoke: 4]."),
+                                             help="L of the replay variants (1-256) \\[default: 16; --smoke: 4]."),
     variants: str = typer.Option("stock,eager,graphs,graphs-per-step", "--variants", metavar="LIST",
                                  help="Comma-separated, of: stock (unpatched transformers), eager "
                                       "(replayssm.patch), graphs (patch with cuda_graphs=True), graphs-per-step "
                                       "(the same with buffer_len=1: per-step kernels)."),
     repeats: Optional[int] = typer.Option(None, "--repeats", min=1, show_default=False,
                                           help="Timed rounds after the warm-up; the median is reported "
-                                               "[default: 3; --smoke: 2]."),
+                                               "\\[default: 3; --smoke: 2]."),
     device: Optional[str] = typer.Option(None, "--device", metavar="DEV", show_default=False,
-                                         help="auto, cpu, cuda, cuda:N [default: auto; --smoke: cpu]."),
+                                         help="auto, cpu, cuda, cuda:N \\[default: auto; --smoke: cpu]."),
     json_path: Optional[str] = typer.Option(None, "--json", metavar="PATH|-", show_default=False,
                                             help="Also write the results as JSON to PATH (- : to stdout, with the "
                                                  "table on stderr)."),
@@ -58,7 +58,7 @@ def bench_command(
 ) -> int:
     """Time model.generate() per decode step: stock transformers against ReplaySSM, eager and in CUDA graphs.
 
-    For each batch size and variant: ms per decode step (greedy, every row generating every token), tokens/s, the speed-up against stock and against eager, prefill time, peak GPU memory and the CUDA-graph capture time. One model instance is switched between the variants with replayssm.patch / unpatch. The graph variants need CUDA (on the CPU they read n/a).
+    For each batch size and variant: ms per decode step (greedy, every row generating every token), tokens/s, the speed-up against stock and against eager, prefill time, peak GPU memory and the CUDA-graph capture time. One model instance is switched between the variants with replayssm.patch / unpatch. The graph variants need CUDA (on the CPU they read n/a). A cell that fails (e.g. out of memory) is shown in the table and JSON, and the exit code is then 1.
 
     [bold]Examples[/bold]
 
