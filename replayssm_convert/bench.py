@@ -331,9 +331,6 @@ class BenchResult:
     def failed(self) -> list[BenchRow]:
         return [r for r in self.rows if r.status == "error"]
 
-    def row(self, batch_size: int, variant: str) -> BenchRow | None:
-        return next((r for r in self.rows if r.batch_size == batch_size and r.variant == variant), None)
-
     def to_dict(self) -> dict[str, Any]:
         return {"ok": not self.failed, **self.meta, "model": self.model, "settings": self.settings.to_dict(),
                 "rows": [r.to_dict() for r in self.rows]}
@@ -454,7 +451,8 @@ def _out_of_memory(exc: BaseException) -> bool:
 
 def run_bench(model, settings: BenchSettings, *, model_info: dict[str, Any] | None = None,
               on_row: Callable[[BenchRow], None] | None = None, raise_errors: bool = False) -> BenchResult:
-    """Time every variant at every batch size on ``model`` (left stock, graphs released, at the end).
+    """Time every variant at every batch size on ``model``; at the end its graphs are released and it is
+    given back as it came (stock, or patched with the configuration it had).
 
     A (variant, batch) that fails becomes an "error" row and the others are still timed (after
     an out-of-memory error, the larger batches of that variant are skipped); ``raise_errors``
