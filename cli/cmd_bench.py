@@ -99,13 +99,13 @@ def bench_command(
 
     quiet_transformers()
     to_stdout = json_path == "-"
-    err.print(f"loading {model or 'preset ' + preset} ({settings.dtype}) ...")
+    err.print(f"loading {model or 'preset ' + preset} ({settings.dtype}) ...", markup=False)
     net, info = load_model(model=model, preset=preset, settings=settings, trust_remote_code=trust_remote_code)
     err.print(f"timing {', '.join(settings.variants)} at batch sizes "
               f"{', '.join(map(str, settings.batch_sizes))} on {info['device']}")
 
     def progress(row) -> None:
-        err.print(f"  {row.variant:<16} batch {row.batch_size:>4}: " + _cell_summary(row))
+        err.print(f"  {row.variant:<16} batch {row.batch_size:>4}: " + _cell_summary(row), markup=False)
 
     debug = os.environ.get("REPLAYSSM_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
     result = run_bench(net, settings, model_info=info, on_row=progress, raise_errors=debug)
@@ -118,10 +118,10 @@ def bench_command(
         from replayssm.bench import write_atomically
 
         write_atomically(json_file, json.dumps(data, indent=2, default=str) + "\n")
-        out.print(f"wrote {json_file}")
+        out.print(f"wrote {json_file}", markup=False)
     if plot_file is not None:
         plot(result, plot_file)
-        (err if to_stdout else out).print(f"wrote {plot_file}")
+        (err if to_stdout else out).print(f"wrote {plot_file}", markup=False)
     if result.failed:
         err.print(f"! {len(result.failed)} of {len(result.rows)} cells failed (see the note column)")
         return 1
@@ -168,6 +168,7 @@ def bench_table(data: dict[str, Any]):
     """The rich table of a ``BenchResult.to_dict()``: one row per batch size x variant."""
     from rich import box
     from rich.table import Table
+    from rich.text import Text
 
     from replayssm.checkpoint import human_bytes
 
@@ -202,8 +203,7 @@ def bench_table(data: dict[str, Any]):
             _ms(r["prefill_ms"]),
             human_bytes(r["peak_memory_bytes"]) if r["peak_memory_bytes"] is not None else "-",
             f"{r['capture_s']:.2f}" if r["capture_s"] is not None else "-",
-            note,
-            end_section=False,
+            Text(note),  # plain text: an error message may hold [brackets]
         )
         last_batch = r["batch_size"]
     return table
