@@ -16,6 +16,7 @@ from typing import NoReturn, Sequence
 
 import typer
 
+from .cmd_bench import bench_command
 from .cmd_convert import convert_command
 from .cmd_env import env_command
 from .cmd_inspect import inspect_command
@@ -85,6 +86,7 @@ def _main(
 app.command("inspect", epilog=EXIT_CODES_HELP)(inspect_command)
 app.command("convert", epilog=EXIT_CODES_HELP)(convert_command)
 app.command("env", epilog=EXIT_CODES_HELP)(env_command)
+app.command("bench", epilog=EXIT_CODES_HELP)(bench_command)
 
 
 # --------------------------------------------------------------------------- error reporting
@@ -127,7 +129,7 @@ def _traceback() -> None:
 
 def _command_name(argv: Sequence[str]) -> str | None:
     for arg in argv:
-        if arg in ("inspect", "convert", "env"):
+        if arg in ("inspect", "convert", "env", "bench"):
             return arg
     return None
 

@@ -25,5 +25,10 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     [ -e "$b" ] || continue
     python3 "$b" --out "$OUT_DIR" ${BENCH_ARGS:-} 2>&1 | tee "$OUT_DIR/$(basename "$b" .py).log" || rc=1
   done
+  # whole-model generate() step, stock / eager / CUDA graphs (BENCH_PRESETS="" skips it)
+  for p in ${BENCH_PRESETS-nemotron3-nano-like qwen3.5-4b-like kimi-linear-like}; do
+    python3 -m replayssm.cli bench --preset "$p" --json "$OUT_DIR/bench_$p.json" --plot "$OUT_DIR/bench_$p.png" 2>&1 \
+      | tee "$OUT_DIR/bench_$p.log" || rc=1
+  done
 fi
 exit $rc
