@@ -17,8 +17,8 @@ kernels, so the 5.17 vs 5.23 difference in where transformers expands them does 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from replayssm.kernels.gates import gdn_gates
 from replayssm.kernels.delta import delta_replay_decode, delta_replay_materialize, delta_step_decode, l2norm_qk
 
 from . import compat
@@ -84,8 +84,7 @@ class ReplayGatedDeltaNetMixer(_DeltaReplayMixin):
         q = q.reshape(batch, self.num_k_heads, self.head_k_dim)
         k = k.reshape(batch, self.num_k_heads, self.head_k_dim)
         v = v.reshape(batch, self.num_v_heads, self.head_v_dim)
-        beta = torch.sigmoid(b.float()) * beta_scale
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        g, beta = gdn_gates(a, b, self.A_log, self.dt_bias, beta_scale, backend=self.replay_options.backend)
         o = self._run_kernel(layer, buffers, q, k, v, g, beta)  # (B, Hv, dv)
         norm = self.norm if hasattr(self, "norm") else self.o_norm
         o = gated_norm(norm, o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim),

@@ -1,4 +1,4 @@
-"""The one-launch conv step (``replayssm.kernels.conv``) against F.conv1d over the same window."""
+"""The small one-launch helpers of a decode step: the conv step (against F.conv1d) and the GDN gates."""
 
 import os
 
@@ -60,3 +60,20 @@ def test_reference_rounds_once_in_low_precision():
     want, _ = _oracle(state.bfloat16().float(), x.bfloat16().float(), weight.bfloat16().float(),
                       b.bfloat16().float(), "silu")
     torch.testing.assert_close(got.float(), want.float().bfloat16().float(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_interpreter)])
+def test_gdn_gates_match_their_definition(backend):
+    from replayssm.kernels.gates import gdn_gates
+
+    device = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+    g0 = torch.Generator().manual_seed(3)
+    wide = torch.randn(5, 40, generator=g0) * 12  # reaches past softplus's linear threshold (20)
+    a, b = wide[:, :6].to(device), wide[:, 10:16].to(device)  # row-strided views
+    A_log, dt_bias = torch.randn(6, generator=g0).to(device), torch.randn(6, generator=g0).to(device)
+    g, beta = gdn_gates(a, b, A_log, dt_bias, 2.0, backend=backend)
+    x = (a + dt_bias).double()
+    want_g = -A_log.double().exp() * torch.where(x > 20, x, torch.log1p(torch.exp(x)))
+    torch.testing.assert_close(g.double(), want_g, rtol=2e-6, atol=1e-6)
+    torch.testing.assert_close(beta.double(), 2.0 / (1 + torch.exp(-b.double())), rtol=2e-6, atol=1e-7)
+    assert g.dtype == beta.dtype == torch.float32
