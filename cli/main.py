@@ -141,7 +141,9 @@ def main(argv: Sequence[str], *, debug: bool = False) -> int:
         rv = command.main(args=list(argv), prog_name="replayssm", standalone_mode=False)
         code = rv if isinstance(rv, int) else EXIT_OK
     except _click_classes("NoArgsIsHelpError") as exc:
-        sys.stdout.write(exc.ctx.get_help() + "\n")
+        text = exc.format_message()  # typer's rich help printed itself while the error was made
+        if text.strip():
+            sys.stdout.write(text + "\n")
         return EXIT_OK
     except _click_classes("Exit") as exc:
         code = exc.exit_code

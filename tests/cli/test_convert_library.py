@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cli_helpers import file_sha, leftovers, tree_digest
+from cli_helpers import file_sha, leftovers, perturb_logits, tree_digest
 
 
 # --------------------------------------------------------------------------- helpers
@@ -46,7 +46,7 @@ def rss_bytes() -> int:
 
 # --------------------------------------------------------------------------- scanning
 def test_scan_sharded_checkpoint(sharded):
-    from replayssm.checkpoint import scan_checkpoint
+    from replayssm.checkpoint_dir import scan_checkpoint
 
     scan = scan_checkpoint(sharded)
     assert scan.index is not None and len(scan.weights) >= 3
@@ -59,7 +59,7 @@ def test_scan_sharded_checkpoint(sharded):
 
 
 def test_scan_refuses_incomplete_or_inconsistent_checkpoints(sharded, tmp_path):
-    from replayssm.checkpoint import scan_checkpoint
+    from replayssm.checkpoint_dir import scan_checkpoint
     from replayssm.errors import CheckpointError
 
     bad = tmp_path / "missing-shard"
@@ -84,7 +84,7 @@ def test_scan_refuses_incomplete_or_inconsistent_checkpoints(sharded, tmp_path):
 def test_bin_only_checkpoint_refused_with_hint(tiny_dir, tmp_path):
     from safetensors.torch import load_file
 
-    from replayssm.checkpoint import scan_checkpoint
+    from replayssm.checkpoint_dir import scan_checkpoint
     from replayssm.errors import CheckpointError
 
     src = tmp_path / "bin-only"
@@ -98,7 +98,7 @@ def test_bin_only_checkpoint_refused_with_hint(tiny_dir, tmp_path):
 
 def test_tokenizer_and_small_files_copied_other_weights_skipped(tiny_dir, tmp_path):
     import replayssm
-    from replayssm.checkpoint import scan_checkpoint
+    from replayssm.checkpoint_dir import scan_checkpoint
 
     src = tmp_path / "both"
     shutil.copytree(tiny_dir("mamba2"), src)
@@ -139,7 +139,7 @@ def _header_bytes(header: dict, data_len: int) -> bytes:
     ({"a": {"shape": [2]}}, 8, "no dtype/shape/data_offsets"),
 ])
 def test_safetensors_header_checks(header, data_len, message, tmp_path):
-    from replayssm.checkpoint import read_safetensors_header
+    from replayssm.checkpoint_dir import read_safetensors_header
     from replayssm.errors import CheckpointError
 
     path = tmp_path / "x.safetensors"
@@ -152,7 +152,7 @@ def test_safetensors_header_checks(header, data_len, message, tmp_path):
 
 
 def test_safetensors_header_length_field_checks(tmp_path):
-    from replayssm.checkpoint import read_safetensors_header
+    from replayssm.checkpoint_dir import read_safetensors_header
     from replayssm.errors import CheckpointError
 
     path = tmp_path / "x.safetensors"
@@ -169,7 +169,7 @@ def test_safetensors_header_length_field_checks(tmp_path):
 
 # --------------------------------------------------------------------------- output directory
 def test_atomic_output_dir_cleans_up_on_any_exception(tmp_path):
-    from replayssm.checkpoint import atomic_output_dir
+    from replayssm.output_dir import atomic_output_dir
 
     for exc in (RuntimeError("boom"), KeyboardInterrupt()):
         with pytest.raises(type(exc)):
@@ -200,7 +200,7 @@ def test_copy_memory_stays_below_one_shard(sharded, tmp_path):
     """convert (no validation) of a sharded checkpoint: Python-heap peak and RSS growth stay well
     below the largest shard, let alone the whole model."""
     import replayssm
-    from replayssm.checkpoint import scan_checkpoint
+    from replayssm.checkpoint_dir import scan_checkpoint
 
     scan = scan_checkpoint(sharded)
     largest, total = scan.largest_shard_bytes, scan.weights_bytes
@@ -313,21 +313,22 @@ def test_unreadable_inputs(tiny_dir, tmp_path):
     shutil.copytree(tiny_dir("mamba2"), src)
     (src / "model.safetensors").unlink()
     (src / "model.safetensors").symlink_to(tmp_path / "gone.safetensors")
-    with pytest.raises(CheckpointError, match="cannot read .*model.safetensors"):
+    with pytest.raises(CheckpointError, match="model.safetensors is a dangling symbolic link") as info:
         replayssm.convert(src, tmp_path / "out", validate=False)
+    assert "gone.safetensors" in str(info.value) and "permission" not in info.value.hint
     with pytest.raises(CheckpointError, match="is a file, not a checkpoint directory"):
         replayssm.convert(tiny_dir("mamba2") / "config.json", tmp_path / "out", validate=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling"]
 
 
-@pytest.mark.parametrize("hook,passes", [("perturb-stock-logits", True), ("perturb-logits", False)])
-def test_16bit_validation_is_settled_against_the_fp32_model(tiny_dir, tmp_path, monkeypatch, hook, passes):
+@pytest.mark.parametrize("which,passes", [("stock", True), ("replay", False)])
+def test_16bit_validation_is_settled_against_the_fp32_model(tiny_dir, tmp_path, monkeypatch, which, passes):
     """A 16-bit comparison that fails against the stock model is decided by an fp32 decode:
     it passes when the stock 16-bit logits are the further from the fp32 ones (a noisier stock
     path), and fails when ReplaySSM's are."""
     import replayssm
 
-    monkeypatch.setenv("REPLAYSSM_TEST_HOOK", hook)
+    perturb_logits(monkeypatch, which)
     tiny_dir("nemotron_h")
     out = tmp_path / "out"
     if passes:
@@ -347,7 +348,7 @@ def test_fp32_validation_has_no_oracle_fallback(tiny_dir, tmp_path, monkeypatch)
     """In fp32 the stock model is the oracle: a noisier stock decode fails the check."""
     import replayssm
 
-    monkeypatch.setenv("REPLAYSSM_TEST_HOOK", "perturb-stock-logits")
+    perturb_logits(monkeypatch, "stock")
     tiny_dir("nemotron_h")
     with pytest.raises(replayssm.ValidationFailedError, match="exceeds tol"):
         replayssm.convert("tiny:nemotron_h", tmp_path / "out", device="cpu", dtype="fp32", buffer_len=4)
