@@ -57,12 +57,14 @@ def quiet_environment() -> None:
 
 
 def quiet_transformers() -> None:
-    """After importing transformers: errors only, no progress bars (unless asked for)."""
-    try:
-        import transformers
-        from transformers.utils import logging as hf_logging
-    except ImportError:  # pragma: no cover
+    """Errors only, no progress bars (unless asked for), for a transformers imported before
+    ``quiet_environment`` ran. Never imports transformers itself: an import costs seconds, and a
+    later one reads the environment ``quiet_environment`` set."""
+    if "transformers" not in sys.modules:
         return
+    import transformers
+    from transformers.utils import logging as hf_logging
+
     if os.environ.get("TRANSFORMERS_VERBOSITY", "error") == "error":
         transformers.logging.set_verbosity_error()
     hf_logging.disable_progress_bar()

@@ -180,24 +180,30 @@ def _glm5_next():
                                        tie_word_embeddings=False, dtype=TINY_DTYPE)
 
 
+_GENERATING_AUTOS = ("AutoModelForCausalLM", "AutoModelForImageTextToText")
+_GENERATING_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration", "LMHeadModel")
+
+
 def model_class_for(config):
     """The transformers class that builds a generating model for ``config``.
 
-    ``AutoModelForCausalLM`` where it knows the config; otherwise the first class named in
-    ``config.architectures`` (e.g. GLM5-Next, which only has ``...ForConditionalGeneration``).
+    ``AutoModelForCausalLM``'s class where it knows the config, else
+    ``AutoModelForImageTextToText``'s (composite models such as GLM5-Next, which only have
+    ``...ForConditionalGeneration``), else a generating class named in ``config.architectures``
+    (a checkpoint saved from the base model names the base model there).
     """
     import transformers
 
-    try:
-        return transformers.AutoModelForCausalLM._model_mapping[type(config)]
-    except KeyError:
-        pass
+    for auto in _GENERATING_AUTOS:
+        mapping = getattr(getattr(transformers, auto, None), "_model_mapping", None)
+        try:
+            return mapping[type(config)]
+        except (KeyError, TypeError):
+            continue
     for name in getattr(config, "architectures", None) or []:
         cls = getattr(transformers, name, None)
-        if cls is not None:
+        if cls is not None and name.endswith(_GENERATING_SUFFIXES):
             return cls
-    if getattr(config, "model_type", None) == "glm5_next" and hasattr(transformers, "Glm5NextForConditionalGeneration"):
-        return transformers.Glm5NextForConditionalGeneration
     raise ModelSpecError(f"transformers {transformers.__version__} has no generating model class for "
                          f"model_type {getattr(config, 'model_type', '?')!r}")
 
