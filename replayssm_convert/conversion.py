@@ -48,7 +48,7 @@ from .output_dir import (
     write_text_file,
 )
 from .progress import NULL_PROGRESS, Progress
-from .resolve import ResolvedModel, resolve_model
+from .resolve import ResolvedModel, check_config_dict, resolve_model
 
 if TYPE_CHECKING:  # torch and transformers are imported only once the paths and options are checked
     from .discovery import SSMLayerInfo
@@ -209,6 +209,7 @@ def convert(
     out = check_output_dir(Path(out_dir), force=force, source=resolved.path)
     scan = scan_checkpoint(resolved.path, on_total=lambda n: progress.update("read", total=n),
                            on_shard=lambda _name: progress.advance("read"))
+    check_config_dict(scan.config, resolved.path)
     existing = scan.config.get(CONFIG_KEY)
     if existing is not None:
         ReplaySSMConfig.from_block(existing)  # refuses a block from a newer package

@@ -20,10 +20,11 @@ def describe(model: str, *, buffer_len: int = DEFAULT_BUFFER_LEN, trust_remote_c
     resolved = resolve_model(model, materialize=False)  # path errors before torch is imported
 
     from .checkpoint_dir import scan_checkpoint
-    from .discovery import find_ssm_layers
     from .resolve import build_meta_model, load_config
 
     config = load_config(resolved, trust_remote_code=trust_remote_code)
+    from .discovery import find_ssm_layers  # torch
+
     meta = build_meta_model(config, trust_remote_code=trust_remote_code, causal_lm_only=False)
     records = find_ssm_layers(meta)
     act_dtype, assumed = activation_dtype(config.to_dict())

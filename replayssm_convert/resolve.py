@@ -111,17 +111,22 @@ def resolve_model(spec: str, *, materialize: bool = True) -> ResolvedModel:
     )
 
 
+def check_config_dict(raw: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Refuse a config.json that no library can read as a model (no ``model_type``); return it."""
+    if not isinstance(raw.get("model_type"), str) or not raw["model_type"]:
+        raise CheckpointError(
+            f"{path}/config.json has no model_type, so no library can tell which model it describes",
+            hint='restore the checkpoint\'s original config.json (it names the family, e.g. "model_type": '
+                 '"nemotron_h")',
+        )
+    return raw
+
+
 def load_config(resolved: ResolvedModel, *, trust_remote_code: bool = False):
     """The transformers config object of a resolved model (reads config.json only)."""
     if resolved.kind == "tiny" and resolved.path is None:
         return tiny_config(resolved.spec)
-    raw = read_config_json(resolved.path)
-    if not isinstance(raw.get("model_type"), str) or not raw["model_type"]:
-        raise CheckpointError(
-            f"{resolved.path}/config.json has no model_type, so no library can tell which model it describes",
-            hint='restore the checkpoint\'s original config.json (it names the family, e.g. "model_type": '
-                 '"nemotron_h")',
-        )
+    raw = check_config_dict(read_config_json(resolved.path), resolved.path)
     from transformers import AutoConfig
 
     try:
@@ -188,4 +193,4 @@ def build_meta_model(config, *, trust_remote_code: bool = False, causal_lm_only:
         ) from None
 
 
-__all__ = ["ResolvedModel", "build_meta_model", "causal_lm_class", "load_config", "resolve_model"]
+__all__ = ["ResolvedModel", "build_meta_model", "causal_lm_class", "check_config_dict", "load_config", "resolve_model"]

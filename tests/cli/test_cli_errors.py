@@ -258,6 +258,7 @@ def test_out_of_disk_is_refused_up_front(monkeypatch, capsys, tiny_dir, tmp_path
     captured = capsys.readouterr()
     error, hint = one_error(captured.err)
     assert "not enough disk space" in error and "4.0 KiB free" in error
+    assert "plus 16.0 MiB kept free" in error  # the reserve is not hidden
     assert hint and "free some space" in hint
     assert leftovers(work) == []
 
