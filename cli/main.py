@@ -31,7 +31,8 @@ DEBUG_ENV = "REPLAYSSM_DEBUG"
 EXIT_CODES_HELP = (
     "[bold]Exit codes[/bold]: 0 success · 1 validation failed or internal error · "
     "2 invalid usage, input or output (missing/corrupt checkpoint, no SSM layers, unsupported layer, "
-    "existing OUT_DIR, out of disk) · 130 interrupted (Ctrl-C) · 143 terminated (SIGTERM). "
+    "existing OUT_DIR, out of disk, unwritable REPLAYSSM_CACHE) · 130 interrupted (Ctrl-C) · "
+    "143 terminated (SIGTERM). "
     "Errors print one line and a hint; --debug or REPLAYSSM_DEBUG=1 adds the traceback."
 )
 
