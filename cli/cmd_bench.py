@@ -9,10 +9,11 @@ from typing import Any, Optional
 
 import typer
 
-from .cmd_inspect import MODEL_HELP
+from replayssm.config import MAX_BUFFER_LEN, StateDtype, parse_buffer_len, parse_state_dtype
 from replayssm.presets import PRESETS
 
-from .common import StateDtype, err, out, print_json, quiet_transformers
+from .cmd_inspect import MODEL_HELP
+from .common import choices, err, option_parser, out, print_json, quiet_transformers
 
 _PRESET_NAMES = ", ".join(PRESETS)
 
@@ -30,12 +31,16 @@ def bench_command(
                                                   "\\[default: 40; --smoke: 20]."),
     prompt_len: Optional[int] = typer.Option(None, "--prompt-len", min=1, metavar="N", show_default=False,
                                              help="Prompt tokens per row \\[default: 16; --smoke: 8]."),
-    dtype: Optional[StateDtype] = typer.Option(None, "--dtype", case_sensitive=False, show_default=False,
-                                               help="Weights and activations \\[default: bf16; --smoke: fp32]."),
-    state_dtype: StateDtype = typer.Option(StateDtype.fp32, "--state-dtype", case_sensitive=False,
-                                           help="dtype of the ReplaySSM checkpoint state."),
-    buffer_len: Optional[int] = typer.Option(None, "--buffer-len", "-L", min=1, max=256, show_default=False,
-                                             help="L of the replay variants (1-256) \\[default: 16; --smoke: 4]."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", metavar=choices(StateDtype), show_default=False,
+                                        callback=option_parser(parse_state_dtype),
+                                        help="Weights and activations \\[default: bf16; --smoke: fp32]."),
+    state_dtype: str = typer.Option(StateDtype.FP32.value, "--state-dtype", metavar=choices(StateDtype),
+                                    callback=option_parser(parse_state_dtype),
+                                    help="dtype of the ReplaySSM state checkpoint."),
+    buffer_len: Optional[int] = typer.Option(None, "--buffer-len", "-L", show_default=False,
+                                             callback=option_parser(parse_buffer_len),
+                                             help=f"L of the replay variants (1-{MAX_BUFFER_LEN}) "
+                                                  "\\[default: 16; --smoke: 4]."),
     variants: str = typer.Option("stock,eager,graphs,graphs-per-step", "--variants", metavar="LIST",
                                  help="Comma-separated, of: stock (unpatched transformers), eager "
                                       "(replayssm.patch), graphs (patch with cuda_graphs=True), graphs-per-step "
@@ -84,10 +89,10 @@ def bench_command(
         get_preset(preset)
     defaults: dict[str, Any] = dict(SMOKE) if smoke else {}
     given = dict(batch_sizes=parse_batch_sizes(batch_sizes) if batch_sizes is not None else None,
-                 new_tokens=new_tokens, prompt_len=prompt_len, dtype=dtype.value if dtype else None,
+                 new_tokens=new_tokens, prompt_len=prompt_len, dtype=dtype,
                  buffer_len=buffer_len, repeats=repeats, device=device)
     defaults.update({k: v for k, v in given.items() if v is not None})
-    settings = BenchSettings(state_dtype=state_dtype.value, variants=parse_variants(variants), **defaults)
+    settings = BenchSettings(state_dtype=state_dtype, variants=parse_variants(variants), **defaults)
     json_file = None if json_path in (None, "-") else check_output_path(json_path, "--json")
     plot_file = check_output_path(plot_path, "--plot", suffix=".png") if plot_path is not None else None
     if plot_file is not None and not matplotlib_available():
@@ -170,7 +175,7 @@ def bench_table(data: dict[str, Any]):
     from rich.table import Table
     from rich.text import Text
 
-    from replayssm.checkpoint import human_bytes
+    from replayssm.formatting import human_bytes
 
     s, meta = data["settings"], data
     source = data["model"].get("source") or {}

@@ -7,32 +7,52 @@ from typing import List, Optional
 
 import typer
 
+from replayssm.config import (
+    DEFAULT_BUFFER_LEN,
+    MAX_BUFFER_LEN,
+    Backend,
+    ModelDtype,
+    StateDtype,
+    parse_backend,
+    parse_buffer_len,
+    parse_device,
+    parse_model_dtype,
+    parse_state_dtype,
+)
+
 from .cmd_inspect import MODEL_HELP
-from .common import Backend, DType, StateDtype, out, print_json, quiet_transformers
+from .common import choices, option_parser, out, print_json, quiet_transformers
+
+DTYPE_ALIASES_HELP = "also float32, bfloat16, float16, half"
 
 
 def convert_command(
     model: str = typer.Argument(..., metavar="MODEL", help=MODEL_HELP, show_default=False),
     out_dir: Path = typer.Argument(..., metavar="OUT_DIR", help="Where to write the converted checkpoint "
                                    "(must not exist unless --force).", show_default=False),
-    buffer_len: int = typer.Option(16, "--buffer-len", "-L", min=1, max=256,
-                                   help="Tokens buffered between checkpoint writes (1-256)."),
-    state_dtype: StateDtype = typer.Option(StateDtype.fp32, "--state-dtype", case_sensitive=False,
-                                           help="dtype of the checkpoint state."),
+    buffer_len: int = typer.Option(DEFAULT_BUFFER_LEN, "--buffer-len", "-L", callback=option_parser(parse_buffer_len),
+                                   help=f"Tokens buffered between state-checkpoint writes (1-{MAX_BUFFER_LEN})."),
+    state_dtype: str = typer.Option(StateDtype.FP32.value, "--state-dtype", metavar=choices(StateDtype),
+                                    callback=option_parser(parse_state_dtype),
+                                    help=f"dtype of the state checkpoint ({DTYPE_ALIASES_HELP})."),
     layers: Optional[List[str]] = typer.Option(None, "--layers", metavar="REGEX",
-                                               help="Rewrite only the SSM layers whose name matches (full match; "
-                                                    "repeatable). Default: all."),
+                                               help="Rewrite only the SSM layers whose name matches (full match, "
+                                                    "qualified or from the decoder stack on, e.g. "
+                                                    "'layers\\.[0-3]\\..*'; repeatable). Default: all."),
     skip_unsupported: bool = typer.Option(False, "--skip-unsupported", "--no-strict",
                                           help="Skip SSM layers this version cannot rewrite instead of failing."),
-    backend: Backend = typer.Option(Backend.auto, "--backend", case_sensitive=False,
-                                    help="Kernel backend recorded in the checkpoint."),
+    backend: str = typer.Option(Backend.AUTO.value, "--backend", metavar=choices(Backend),
+                                callback=option_parser(parse_backend),
+                                help="Kernel backend recorded in the checkpoint."),
     validate: bool = typer.Option(True, "--validate/--no-validate",
                                   help="Load original and converted models and compare their logits and greedy "
                                        "tokens before publishing OUT_DIR."),
-    device: str = typer.Option("auto", "--device", metavar="DEV",
-                               help="Device for validation: auto, cpu, cuda, cuda:N."),
-    dtype: DType = typer.Option(DType.auto, "--dtype", case_sensitive=False,
-                                help="dtype for validation (auto: the checkpoint's on GPU, fp32 on CPU)."),
+    device: str = typer.Option("auto", "--device", metavar="DEV", callback=option_parser(parse_device),
+                               help="Device for validation: auto, cpu, cuda, cuda:N, mps."),
+    dtype: str = typer.Option(ModelDtype.AUTO.value, "--dtype", metavar=choices(ModelDtype),
+                              callback=option_parser(parse_model_dtype),
+                              help=f"dtype for validation (auto: the checkpoint's on GPU, fp32 on CPU; "
+                                   f"{DTYPE_ALIASES_HELP})."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check input, options and output, show the plan; write nothing (no validation)."),
     force: bool = typer.Option(False, "--force", "-f", help="Replace an existing OUT_DIR (only once the new one is "
                                                            "complete)."),
@@ -56,8 +76,8 @@ def convert_command(
 
       replayssm convert ./Zamba2-7B out/zamba --layers 'model\\.layers\\.[0-9]\\.mamba' --json
     """
-    from replayssm.checkpoint import human_bytes
     from replayssm.conversion import convert
+    from replayssm.formatting import human_bytes
 
     from .progress import RichProgress
     from .render import check_line, files_table, note_line, summary_table
@@ -65,9 +85,9 @@ def convert_command(
     quiet_transformers()
     with RichProgress(enabled=not json_output) as progress:
         result = convert(
-            model, out_dir, buffer_len=buffer_len, state_dtype=state_dtype.value, layers=layers,
-            strict=not skip_unsupported, backend=backend.value, validate=validate, device=device,
-            dtype=dtype.value, dry_run=dry_run, force=force, trust_remote_code=trust_remote_code,
+            model, out_dir, buffer_len=buffer_len, state_dtype=state_dtype, layers=layers,
+            strict=not skip_unsupported, backend=backend, validate=validate, device=device,
+            dtype=dtype, dry_run=dry_run, force=force, trust_remote_code=trust_remote_code,
             progress=progress,
         )
     if json_output:
@@ -83,7 +103,8 @@ def convert_command(
     for note in result.notes:
         out.print(note_line(note))
     out.print(summary_table(result.layer_rows(), buffer_len=result.config.buffer_len,
-                            state_dtype=result.block["state_dtype"], act_bytes=result.act_bytes))
+                            state_dtype=result.block["state_dtype"], act_bytes=result.act_bytes,
+                            act_assumed=result.act_dtype_assumed))
     n_files, size = len(result.files), human_bytes(result.total_bytes)
     if result.dry_run:
         out.print(files_table(f.to_dict() for f in result.files))

@@ -2,65 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import typer
 
-from .common import out, print_json, quiet_transformers
+from replayssm.config import DEFAULT_BUFFER_LEN, MAX_BUFFER_LEN, parse_buffer_len
+
+from .common import option_parser, out, print_json, quiet_transformers
 
 MODEL_HELP = ("A checkpoint directory, a hub id already in the local Hugging Face cache (nothing is downloaded), "
               "or tiny:<family> (a built-in tiny model, e.g. tiny:mamba2, tiny:nemotron_h, tiny:qwen3_next).")
 
 
-def describe(model: str, *, buffer_len: int = 16, trust_remote_code: bool = False) -> dict[str, Any]:
-    """Everything ``inspect`` shows, as a JSON-ready dict (meta device: no weights read)."""
-    from replayssm.checkpoint import scan_checkpoint
-    from replayssm.discovery import find_ssm_layers
-    from replayssm.errors import ReplaySSMError
-    from replayssm.resolve import build_meta_model, load_config, resolve_model
-    from replayssm.validate import checkpoint_dtype_name
-
-    quiet_transformers()
-    resolved = resolve_model(model, materialize=False)
-    config = load_config(resolved, trust_remote_code=trust_remote_code)
-    meta = build_meta_model(config, trust_remote_code=trust_remote_code, causal_lm_only=False)
-    records = find_ssm_layers(meta)
-    dtype = checkpoint_dtype_name(config.to_dict()) or "bf16"
-    act_bytes = 4 if dtype == "fp32" else 2
-    layers = []
-    for r in records:
-        row = r.to_dict()
-        row["buffer_bytes"] = r.buffer_bytes(buffer_len, act_bytes) if r.can_rewrite else 0
-        layers.append(row)
-    weights: dict[str, Any] | None = None
-    if resolved.path is not None:
-        try:
-            scan = scan_checkpoint(resolved.path)
-            weights = {"ok": True, "files": len(scan.weights), "bytes": scan.weights_bytes,
-                       "tensors": scan.num_tensors, "error": None}
-        except ReplaySSMError as exc:
-            weights = {"ok": False, "files": 0, "bytes": 0, "tensors": 0, "error": str(exc)}
-    rewritable = [row for row in layers if row["can_rewrite"]]
-    return {
-        "ok": True,
-        "model": model,
-        "source": resolved.to_dict(),
-        "model_type": getattr(config, "model_type", None),
-        "architecture": type(meta).__name__,
-        "buffer_len": buffer_len,
-        "act_bytes": act_bytes,
-        "layers": layers,
-        "rewritable": len(rewritable),
-        "totals": {"state_bytes": sum(row["state_bytes"] for row in layers),
-                   "buffer_bytes": sum(row["buffer_bytes"] for row in rewritable)},
-        "weights": weights,
-    }
-
-
 def inspect_command(
     model: str = typer.Argument(..., metavar="MODEL", help=MODEL_HELP, show_default=False),
-    buffer_len: int = typer.Option(16, "--buffer-len", "-L", min=1, max=256,
-                                   help="Ring-buffer length used for the buffer-bytes column."),
+    buffer_len: int = typer.Option(DEFAULT_BUFFER_LEN, "--buffer-len", "-L", callback=option_parser(parse_buffer_len),
+                                   help=f"Ring-buffer length used for the buffer-bytes column (1-{MAX_BUFFER_LEN})."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code",
                                            help="Allow a checkpoint's own modelling code (config only)."),
     json_output: bool = typer.Option(False, "--json", help="Print one JSON object instead of the table."),
@@ -77,10 +32,12 @@ def inspect_command(
 
       replayssm inspect ibm-granite/granite-4.0-h-tiny --json
     """
-    from replayssm.checkpoint import human_bytes
+    from replayssm.formatting import count, human_bytes
+    from replayssm.inspection import describe
 
-    from .render import check_line, count, inspect_table, note_line, reason_lines
+    from .render import check_line, inspect_table, note_line, reason_lines
 
+    quiet_transformers()
     info = describe(model, buffer_len=buffer_len, trust_remote_code=trust_remote_code)
     if json_output:
         print_json(info)
@@ -94,8 +51,9 @@ def inspect_command(
     for line in reason_lines(layers):
         out.print(line)
     totals = info["totals"]
+    act = info["act_dtype"] + (" assumed: config.json records no dtype" if info["act_dtype_assumed"] else "")
     out.print(f"state per sequence: {human_bytes(totals['state_bytes'])} (fp32); "
-              f"buffers per sequence at L={buffer_len}: {human_bytes(totals['buffer_bytes'])}")
+              f"buffers per sequence at L={buffer_len}: {human_bytes(totals['buffer_bytes'])} ({act} activations)")
     weights = info["weights"]
     if weights is not None:
         if weights["ok"]:

@@ -1,4 +1,4 @@
-"""What every command shares: the two consoles, option enums, JSON output, quiet transformers."""
+"""What every command shares: the two consoles, option parsing, JSON output, quiet transformers."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import json
 import os
 import sys
 from enum import Enum
-from typing import Any
+from typing import Any, Callable
 
+import typer
 from rich.console import Console
 
 #: results (tables, check lines, JSON) go to stdout; progress bars and errors to stderr
@@ -15,23 +16,25 @@ out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-class StateDtype(str, Enum):
-    fp32 = "fp32"
-    bf16 = "bf16"
-    fp16 = "fp16"
+def option_parser(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A typer callback that checks an option with the library's own parser (``replayssm.config``),
+    so that the CLI and ``replayssm.patch`` / ``convert`` accept exactly the same spellings."""
+    from replayssm.errors import ConfigError
+
+    def callback(value: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return parse(value)
+        except ConfigError as exc:
+            raise typer.BadParameter(str(exc)) from None
+
+    return callback
 
 
-class DType(str, Enum):
-    auto = "auto"
-    fp32 = "fp32"
-    bf16 = "bf16"
-    fp16 = "fp16"
-
-
-class Backend(str, Enum):
-    auto = "auto"
-    triton = "triton"
-    torch = "torch"
+def choices(enum: type[Enum]) -> str:
+    """"[fp32|bf16|fp16]": the metavar of an option that takes an enum's values."""
+    return "[" + "|".join(m.value for m in enum) + "]"
 
 
 def print_json(obj: Any) -> None:
@@ -54,12 +57,14 @@ def quiet_environment() -> None:
 
 
 def quiet_transformers() -> None:
-    """After importing transformers: errors only, no progress bars (unless asked for)."""
-    try:
-        import transformers
-        from transformers.utils import logging as hf_logging
-    except ImportError:  # pragma: no cover
+    """Errors only, no progress bars (unless asked for), for a transformers imported before
+    ``quiet_environment`` ran. Never imports transformers itself: an import costs seconds, and a
+    later one reads the environment ``quiet_environment`` set."""
+    if "transformers" not in sys.modules:
         return
+    import transformers
+    from transformers.utils import logging as hf_logging
+
     if os.environ.get("TRANSFORMERS_VERBOSITY", "error") == "error":
         transformers.logging.set_verbosity_error()
     hf_logging.disable_progress_bar()

@@ -32,7 +32,8 @@ DEBUG_ENV = "REPLAYSSM_DEBUG"
 EXIT_CODES_HELP = (
     "[bold]Exit codes[/bold]: 0 success · 1 validation failed or internal error · "
     "2 invalid usage, input or output (missing/corrupt checkpoint, no SSM layers, unsupported layer, "
-    "existing OUT_DIR, out of disk) · 130 interrupted (Ctrl-C) · 143 terminated (SIGTERM). "
+    "existing OUT_DIR, out of disk, unwritable REPLAYSSM_CACHE) · 130 interrupted (Ctrl-C) · "
+    "143 terminated (SIGTERM). "
     "Errors print one line and a hint; --debug or REPLAYSSM_DEBUG=1 adds the traceback."
 )
 
@@ -143,7 +144,9 @@ def main(argv: Sequence[str], *, debug: bool = False) -> int:
         rv = command.main(args=list(argv), prog_name="replayssm", standalone_mode=False)
         code = rv if isinstance(rv, int) else EXIT_OK
     except _click_classes("NoArgsIsHelpError") as exc:
-        sys.stdout.write(exc.ctx.get_help() + "\n")
+        text = exc.format_message()  # typer's rich help printed itself while the error was made
+        if text.strip():
+            sys.stdout.write(text + "\n")
         return EXIT_OK
     except _click_classes("Exit") as exc:
         code = exc.exit_code

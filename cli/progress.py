@@ -14,8 +14,8 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from replayssm.checkpoint import Progress as ProgressHooks
-from replayssm.checkpoint import human_bytes
+from replayssm.formatting import human_bytes
+from replayssm.progress import Progress as ProgressHooks
 
 from .common import err
 

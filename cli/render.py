@@ -8,7 +8,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from replayssm.checkpoint import human_bytes
+from replayssm.formatting import count, human_bytes
 
 OK = "[green]✓[/green]"
 FAIL = "[red]✗[/red]"
@@ -39,10 +39,6 @@ def _shapes(shapes: dict[str, int]) -> str:
     short = {"num_heads": "H", "head_dim": "P", "state_size": "N", "n_groups": "G", "num_k_heads": "Hk",
              "num_v_heads": "Hv", "head_k_dim": "Dk", "head_v_dim": "Dv", "intermediate_size": "D"}
     return " ".join(f"{short.get(k, k)}{v}" for k, v in shapes.items())
-
-
-def count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def inspect_table(layers: list[dict[str, Any]], *, title: str, buffer_len: int) -> Table:
@@ -89,9 +85,12 @@ def reason_lines(layers: list[dict[str, Any]]) -> list[Text]:
     return lines
 
 
-def summary_table(rows: list[dict[str, Any]], *, buffer_len: int, state_dtype: str, act_bytes: int) -> Table:
+def summary_table(rows: list[dict[str, Any]], *, buffer_len: int, state_dtype: str, act_bytes: int,
+                  act_assumed: bool = False) -> Table:
     """The convert summary: rewritten layers with their per-sequence memory."""
     act = {4: "fp32", 2: "16-bit"}.get(act_bytes, f"{act_bytes}-byte")
+    if act_assumed:
+        act += " (assumed: config.json records no dtype)"
     table = Table(title=f"Rewritten layers (buffer_len {buffer_len}, state {state_dtype}, {act} activations)",
                   title_justify="left", header_style="bold", show_footer=len(rows) > 1, box=box.SIMPLE_HEAD,
                   pad_edge=False, collapse_padding=True)

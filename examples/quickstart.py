@@ -52,6 +52,10 @@ def main() -> None:
 
     same = torch.equal(stock, replay)
     print(f"greedy tokens identical: {same}  (stock {t_stock:.2f} s, ReplaySSM {t_replay:.2f} s, eager generate())")
+    if torch.device(args.device).type == "cpu":
+        print("note: on CPU ReplaySSM runs its PyTorch reference, which is slower than the stock layers; it is "
+              "there for correctness and tests. The speed-up is on GPUs (Triton kernels; see the README's "
+              "benchmark table).")
 
 
 if __name__ == "__main__":

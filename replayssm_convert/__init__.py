@@ -12,6 +12,7 @@ inputs, computes each decode step's output from them, and writes the state once 
 __version__ = "0.1.0"
 
 from .errors import (
+    CacheError,
     CheckpointError,
     ConfigError,
     ModelSpecError,
@@ -30,7 +31,7 @@ _LAZY = {
     "graph_report": "api", "is_patched": "api", "patch": "api", "release_graphs": "api", "replayssm_report": "api", "unpatch": "api",
     "SCHEMA_VERSION": "config", "ReplaySSMConfig": "config",
     "SSMLayerInfo": "discovery", "find_ssm_layers": "discovery",
-    "ConvertResult": "conversion", "convert": "conversion",
+    "ConvertResult": "conversion", "convert": "conversion", "describe": "inspection",
     "from_pretrained": "io", "save_pretrained": "io",
     "ValidationResult": "validate", "validate_checkpoint": "validate",
 }
@@ -53,6 +54,7 @@ def __dir__():
 
 __all__ = [
     "SCHEMA_VERSION",
+    "CacheError",
     "CheckpointError",
     "ConfigError",
     "ConvertResult",
@@ -69,6 +71,7 @@ __all__ = [
     "ValidationResult",
     "__version__",
     "convert",
+    "describe",
     "find_ssm_layers",
     "from_pretrained",
     "graph_report",

@@ -23,33 +23,36 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
-from .checkpoint import (
-    CONFIG_NAME,
-    NULL_PROGRESS,
-    CheckpointScan,
-    FileEntry,
-    Progress,
+from .checkpoint_dir import (CONFIG_NAME, CheckpointScan, FileEntry, dump_config_json, read_safetensors_header,
+                             scan_checkpoint)
+from .config import (
+    CONFIG_KEY,
+    DEFAULT_BUFFER_LEN,
+    ReplaySSMConfig,
+    StateDtype,
+    activation_dtype,
+    parse_device,
+    parse_model_dtype,
+)
+from .errors import CheckpointError, UnsupportedLayerError, ValidationFailedError
+from .formatting import count
+from .output_dir import (
     atomic_output_dir,
     check_disk_space,
     check_output_dir,
     copy_file,
-    dump_config_json,
     fsync_dir,
-    read_safetensors_header,
-    scan_checkpoint,
-    test_hook,
+    remove_stale_temp_dirs,
     write_text_file,
 )
-from .config import CONFIG_KEY, ReplaySSMConfig
-from .discovery import SSMLayerInfo
-from .errors import CheckpointError, UnsupportedLayerError, ValidationFailedError
-from .resolve import ResolvedModel, build_meta_model, load_config, resolve_model
-from .validate import ValidationResult, checkpoint_dtype_name
+from .progress import NULL_PROGRESS, Progress
+from .resolve import ResolvedModel, check_config_dict, resolve_model
 
-_STATE_BYTES_FACTOR = {"fp32": 1.0, "bf16": 0.5, "fp16": 0.5}
-_ACT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+if TYPE_CHECKING:  # torch and transformers are imported only once the paths and options are checked
+    from .discovery import SSMLayerInfo
+    from .validate import ValidationResult
 
 
 @dataclass
@@ -74,13 +77,15 @@ class ConvertResult:
     total_bytes: int
     largest_shard_bytes: int
     act_bytes: int = 2
+    act_dtype_assumed: bool = False  # config.json records no dtype: 16-bit activations assumed
     validation: ValidationResult | None = None
     elapsed_s: float = 0.0
     notes: list[str] = field(default_factory=list)
 
     def state_bytes(self, info: SSMLayerInfo) -> int:
-        """Checkpoint-state bytes per sequence of a layer, at the configured state dtype."""
-        return int(info.state_bytes * _STATE_BYTES_FACTOR[self.block.get("state_dtype") or "fp32"])
+        """State-checkpoint bytes per sequence of a layer, at the configured state dtype."""
+        itemsize = StateDtype(self.block.get("state_dtype") or StateDtype.FP32.value).itemsize
+        return info.state_bytes * itemsize // StateDtype.FP32.itemsize
 
     def buffer_bytes(self, info: SSMLayerInfo) -> int:
         """Ring-buffer bytes per sequence of a layer at this buffer_len."""
@@ -113,6 +118,7 @@ class ConvertResult:
                 "state_bytes": sum(self.state_bytes(r) for r in self.rewritten),
                 "buffer_bytes": sum(self.buffer_bytes(r) for r in self.rewritten),
                 "act_bytes": self.act_bytes,
+                "act_dtype_assumed": self.act_dtype_assumed,
             },
             "files": [f.to_dict() for f in self.files],
             "skipped_files": list(self.skipped_files),
@@ -125,40 +131,17 @@ class ConvertResult:
         }
 
 
-def _hook_index(event: str) -> int | None:
-    arg = test_hook(event)
-    if arg is None:
-        return None
-    try:
-        return int(arg or 1)
-    except ValueError:
-        return 1
-
-
-def _after_shard(done: int) -> None:
-    """Failure injection for the tests (no-op unless $REPLAYSSM_TEST_HOOK is set)."""
-    if _hook_index("fail-after-shard") == done:
-        raise RuntimeError(f"injected failure after shard {done} (REPLAYSSM_TEST_HOOK)")
-    if _hook_index("interrupt-after-shard") == done:
-        raise KeyboardInterrupt
-    if _hook_index("pause-after-shard") == done:
-        # short sleeps: the interpreter sees a pending Ctrl-C within 0.1 s, as in real copying work
-        for _ in range(600):
-            time.sleep(0.1)
-
-
 def _copy_checkpoint(scan: CheckpointScan, tmp: Path, config_text: str, progress: Progress) -> list[FileEntry]:
     """Copy weights (verified), index, new config.json and the other files into ``tmp``."""
     written: list[FileEntry] = []
     progress.start("copy", f"Copying {len(scan.weights)} weight file(s)", total=scan.weights_bytes, unit="bytes")
-    for done, entry in enumerate(scan.weights, start=1):
+    for entry in scan.weights:
         src, dst = scan.directory / entry.name, tmp / entry.name
         copy_file(src, dst, expected_size=entry.size, on_bytes=lambda n: progress.advance("copy", n))
         copied = read_safetensors_header(dst)
         if copied.expected_size != entry.size or copied.tensors != scan.headers[entry.name].tensors:
             raise CheckpointError(f"{dst} does not match {src} after copying", hint="check the output disk")
         written.append(entry)
-        _after_shard(done)
     progress.finish("copy")
     extras = ([scan.index] if scan.index else []) + list(scan.others)
     progress.start("save", "Writing config and files", total=1 + len(extras))
@@ -187,7 +170,7 @@ def convert(
     model: str | os.PathLike,
     out_dir: str | os.PathLike,
     *,
-    buffer_len: int = 16,
+    buffer_len: int = DEFAULT_BUFFER_LEN,
     state_dtype: str | None = None,
     layers: str | Iterable[str] | None = None,
     strict: bool = True,
@@ -215,24 +198,30 @@ def convert(
     """
     start = time.perf_counter()
     progress = progress or NULL_PROGRESS
+    # options and paths first: these checks need neither torch nor transformers
     rs_config = ReplaySSMConfig(buffer_len=buffer_len, state_dtype=state_dtype, layers=_layer_patterns(layers),
                                 strict=strict, backend=backend)
     if validate:
-        from .validate import resolve_device, resolve_dtype
-
-        resolved_device = resolve_device(device)
-        resolve_dtype(dtype, resolved_device)
-    else:
-        resolved_device = None
-
+        parse_device(device)
+        parse_model_dtype(dtype)
     progress.start("read", "Reading checkpoint", total=None)
     resolved = resolve_model(str(model))
     out = check_output_dir(Path(out_dir), force=force, source=resolved.path)
     scan = scan_checkpoint(resolved.path, on_total=lambda n: progress.update("read", total=n),
                            on_shard=lambda _name: progress.advance("read"))
+    check_config_dict(scan.config, resolved.path)
     existing = scan.config.get(CONFIG_KEY)
     if existing is not None:
         ReplaySSMConfig.from_block(existing)  # refuses a block from a newer package
+    resolved_device = None
+    if validate:
+        from .validate import resolve_device, resolve_dtype
+
+        resolved_device = resolve_device(device)
+        resolve_dtype(dtype, resolved_device)
+
+    from .resolve import build_meta_model, load_config
+
     hf_config = load_config(resolved, trust_remote_code=trust_remote_code)
     meta = build_meta_model(hf_config, trust_remote_code=trust_remote_code)
     progress.finish("read")
@@ -257,7 +246,7 @@ def convert(
     check_disk_space(out, total)
 
     # ring buffers hold activations in the dtype the model runs in: the checkpoint's
-    act_name = checkpoint_dtype_name(scan.config) or "bf16"
+    act_name, act_assumed = activation_dtype(scan.config)
     files = list(scan.weights) + ([scan.index] if scan.index else []) + \
         [FileEntry(CONFIG_NAME, len(config_text.encode("utf-8")), "config")] + list(scan.others)
     result = ConvertResult(
@@ -266,15 +255,19 @@ def convert(
         architecture=type(meta).__name__, config=rs_config, block=block, rewritten=rewritten, skipped=skipped,
         unselected=list(report["unselected"]), files=files, skipped_files=list(scan.skipped),
         weights_bytes=scan.weights_bytes, total_bytes=total, largest_shard_bytes=scan.largest_shard_bytes,
-        act_bytes=_ACT_BYTES[act_name],
+        act_bytes=StateDtype(act_name).itemsize, act_dtype_assumed=act_assumed,
     )
     if existing is not None:
         result.notes.append("the input already had a replayssm block; it was replaced")
     del meta
     if dry_run:
+        stale, kept = remove_stale_temp_dirs(out, dry_run=True)
+        result.notes += _stale_notes(stale, kept, dry_run=True)
         result.elapsed_s = time.perf_counter() - start
         return result
 
+    stale, kept = remove_stale_temp_dirs(out)
+    result.notes += _stale_notes(stale, kept, dry_run=False)
     with atomic_output_dir(out, force=force, source=resolved.path) as tmp:
         _copy_checkpoint(scan, tmp, config_text, progress)
         if validate:
@@ -284,17 +277,34 @@ def convert(
                                                     trust_remote_code=trust_remote_code, progress=progress)
             gc.collect()  # drop the loaded model (and its file maps) before the rename
             if not result.validation.passed:
-                failed = next(c for c in result.validation.checks if not c.ok)
-                error = ValidationFailedError(
-                    f"validation failed: {failed.detail}; nothing was written",
-                    hint="try --dtype fp32 for a tighter comparison; if it persists, report it with the output "
-                         "of `replayssm env`",
-                )
-                error.validation = result.validation
-                raise error
+                raise _validation_error(result.validation)
     result.written = True
     result.elapsed_s = time.perf_counter() - start
     return result
+
+
+def _validation_error(validation: ValidationResult) -> ValidationFailedError:
+    failed = next(c for c in validation.checks if not c.ok)
+    if validation.dtype != StateDtype.FP32.value:
+        hint = ("try --dtype fp32 for a tighter comparison; if it persists, report it with the output of "
+                "`replayssm env`")
+    else:
+        hint = "this is a fault of replayssm, not of the input: report it with the output of `replayssm env`"
+    error = ValidationFailedError(f"validation failed: {failed.detail}; nothing was written", hint=hint)
+    error.validation = validation
+    return error
+
+
+def _stale_notes(removed: list[Path], kept: list[Path], *, dry_run: bool) -> list[str]:
+    notes = []
+    if removed:
+        verb = "would remove" if dry_run else "removed"
+        notes.append(f"{verb} {count(len(removed), 'temporary directory', 'temporary directories')} left by an "
+                     f"interrupted run: {', '.join(p.name for p in removed)}")
+    if kept:
+        notes.append(f"left {', '.join(str(p) for p in kept)} in place (in use by a running conversion, or not "
+                     "known to be a leftover); delete it yourself if no conversion is running")
+    return notes
 
 
 __all__ = ["ConvertResult", "convert"]

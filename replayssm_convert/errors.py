@@ -50,6 +50,10 @@ class BackendError(ReplaySSMError):
     """The requested kernel backend cannot run on these tensors."""
 
 
+class CacheError(ReplaySSMError):
+    """The cache of built-in tiny checkpoints ($REPLAYSSM_CACHE) cannot be written."""
+
+
 class OutOfDiskError(ReplaySSMError, OSError):
     """Not enough free disk space to write the output."""
 

@@ -3,7 +3,7 @@
     model = replayssm.from_pretrained("out/nemotron-replay", dtype=torch.bfloat16, device_map="cuda")
     replayssm.save_pretrained(model, "out/copy")
 
-A ReplaySSM checkpoint is a Hugging Face checkpoint whose ``config.json`` has a
+A ReplaySSM checkpoint directory is a Hugging Face checkpoint directory whose ``config.json`` has a
 ``replayssm`` block; ``from_pretrained`` loads it with transformers and applies the block,
 exactly like ``replayssm.patch(AutoModelForCausalLM.from_pretrained(path))``.
 """
@@ -15,9 +15,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import CONFIG_NAME, atomic_output_dir, dump_config_json, read_config_json
+from .checkpoint_dir import CONFIG_NAME, dump_config_json, read_config_json
+from .output_dir import atomic_output_dir, remove_stale_temp_dirs
 from .config import CONFIG_KEY, ReplaySSMConfig
-from .errors import CheckpointError, ConfigError
+from .errors import CheckpointError, ConfigError, ModelSpecError
 
 # from_pretrained keywords that also matter when reading the config
 _CONFIG_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "trust_remote_code",
@@ -37,10 +38,17 @@ def from_pretrained(path: str | os.PathLike, **hf_kwargs: Any):
     from .api import patch
     from .resolve import causal_lm_class
 
+    _check_source(path)
     config = hf_kwargs.pop("config", None)
     if config is None:
         config_kwargs = {k: hf_kwargs[k] for k in _CONFIG_KWARGS if k in hf_kwargs}
-        config = AutoConfig.from_pretrained(str(path), **config_kwargs)
+        try:
+            config = AutoConfig.from_pretrained(str(path), **config_kwargs)
+        except OSError as exc:  # a hub id that is not there (or not reachable)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ModelSpecError(f"cannot load {path}: {first}",
+                                 hint="pass a directory written by `replayssm convert` or replayssm.save_pretrained, "
+                                      "or a hub id") from None
     block = getattr(config, CONFIG_KEY, None)
     if block is None:
         raise ConfigError(
@@ -52,6 +60,19 @@ def from_pretrained(path: str | os.PathLike, **hf_kwargs: Any):
     cls = causal_lm_class(config, trust_remote_code=bool(hf_kwargs.get("trust_remote_code")))
     model = cls.from_pretrained(str(path), config=config, **hf_kwargs)
     return patch(model)
+
+
+def _check_source(path) -> None:
+    """A missing local directory is this tool's error, not transformers' "Repo id must be ..."."""
+    from .resolve import _check_directory, _looks_like_path
+
+    spec = str(path)
+    local = Path(spec).expanduser()
+    if local.exists():
+        _check_directory(local.absolute(), spec)
+    elif isinstance(path, os.PathLike) or _looks_like_path(spec):
+        raise ModelSpecError(f"{spec}: no such directory",
+                             hint="pass a directory written by `replayssm convert` or replayssm.save_pretrained")
 
 
 def save_pretrained(model, out_dir: str | os.PathLike, *, force: bool = False, **hf_kwargs: Any) -> Path:
@@ -70,6 +91,7 @@ def save_pretrained(model, out_dir: str | os.PathLike, *, force: bool = False, *
             hint="call replayssm.patch(model) first (or use model.save_pretrained for a plain checkpoint)",
         )
     ReplaySSMConfig.from_block(block)
+    remove_stale_temp_dirs(Path(out_dir))
     with atomic_output_dir(Path(out_dir), force=force) as tmp:
         model.save_pretrained(str(tmp), **hf_kwargs)
         if not (tmp / CONFIG_NAME).is_file():

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .checkpoint_dir import read_config_json
 from .errors import CheckpointError, ModelSpecError
 from .tiny import TINY_FAMILIES, is_tiny_spec, materialize_tiny, tiny_config, tiny_family
 
@@ -110,10 +111,22 @@ def resolve_model(spec: str, *, materialize: bool = True) -> ResolvedModel:
     )
 
 
+def check_config_dict(raw: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Refuse a config.json that no library can read as a model (no ``model_type``); return it."""
+    if not isinstance(raw.get("model_type"), str) or not raw["model_type"]:
+        raise CheckpointError(
+            f"{path}/config.json has no model_type, so no library can tell which model it describes",
+            hint='restore the checkpoint\'s original config.json (it names the family, e.g. "model_type": '
+                 '"nemotron_h")',
+        )
+    return raw
+
+
 def load_config(resolved: ResolvedModel, *, trust_remote_code: bool = False):
     """The transformers config object of a resolved model (reads config.json only)."""
     if resolved.kind == "tiny" and resolved.path is None:
         return tiny_config(resolved.spec)
+    raw = check_config_dict(read_config_json(resolved.path), resolved.path)
     from transformers import AutoConfig
 
     try:
@@ -122,7 +135,7 @@ def load_config(resolved: ResolvedModel, *, trust_remote_code: bool = False):
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         hint = ("the checkpoint ships its own modelling code; pass --trust-remote-code if you trust it"
                 if "trust_remote_code" in str(exc) else
-                "upgrade transformers if the model type is newer than the installed version")
+                f"model type {raw['model_type']!r} may be newer than the installed transformers: upgrade it")
         raise ModelSpecError(f"transformers cannot read {resolved.path}/config.json: {message}", hint=hint) from None
     except OSError as exc:
         raise CheckpointError(f"cannot read {resolved.path}/config.json: {exc}") from None
@@ -180,4 +193,4 @@ def build_meta_model(config, *, trust_remote_code: bool = False, causal_lm_only:
         ) from None
 
 
-__all__ = ["ResolvedModel", "build_meta_model", "causal_lm_class", "load_config", "resolve_model"]
+__all__ = ["ResolvedModel", "build_meta_model", "causal_lm_class", "check_config_dict", "load_config", "resolve_model"]

@@ -2,14 +2,19 @@
 
 ``materialize_tiny("tiny:nemotron_h")`` writes (once, deterministically, offline) a real
 Hugging Face checkpoint directory — ``config.json``, ``generation_config.json`` and
-``model.safetensors`` — of a small random model of that family, and returns its path.
+``model.safetensors`` — of a small random fp32 model of that family, and returns its path.
 The recurrences get slow decays (real memory over tens of tokens) so that a wrong
 flush shows up in the outputs, and the output head gets a wide logit spread so that
 greedy decoding is not decided by rounding noise.
+
+The cache (``$REPLAYSSM_CACHE/tiny``, else ``~/.cache/replayssm/tiny``) keeps, beside each
+checkpoint directory, a manifest of its files' sizes and SHA-256 digests; an entry that no
+longer matches it (a damaged or half-deleted file) is rebuilt.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -18,16 +23,17 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
-
-from .errors import ModelSpecError
+from .errors import CacheError, ModelSpecError
 
 TINY_PREFIX = "tiny:"
-TINY_FORMAT_VERSION = 1
+TINY_FORMAT_VERSION = 2
+CACHE_ENV = "REPLAYSSM_CACHE"
+#: the dtype tiny checkpoints are written in (their config.json records it)
+TINY_DTYPE = "float32"
 VOCAB = 512
 HIDDEN = 64
 _COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-               tie_word_embeddings=False)
+               tie_word_embeddings=False, dtype=TINY_DTYPE)
 _LIN3FULL = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
 
 
@@ -171,27 +177,33 @@ def _glm5_next():
     vision = transformers.Glm5NextVisionConfig(depth=1, hidden_size=32, num_heads=2, intermediate_size=64,
                                                out_hidden_size=HIDDEN, projection_intermediate_size=64)
     return transformers.Glm5NextConfig(text_config=text.to_dict(), vision_config=vision.to_dict(),
-                                       tie_word_embeddings=False)
+                                       tie_word_embeddings=False, dtype=TINY_DTYPE)
+
+
+_GENERATING_AUTOS = ("AutoModelForCausalLM", "AutoModelForImageTextToText")
+_GENERATING_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration", "LMHeadModel")
 
 
 def model_class_for(config):
     """The transformers class that builds a generating model for ``config``.
 
-    ``AutoModelForCausalLM`` where it knows the config; otherwise the first class named in
-    ``config.architectures`` (e.g. GLM5-Next, which only has ``...ForConditionalGeneration``).
+    ``AutoModelForCausalLM``'s class where it knows the config, else
+    ``AutoModelForImageTextToText``'s (composite models such as GLM5-Next, which only have
+    ``...ForConditionalGeneration``), else a generating class named in ``config.architectures``
+    (a checkpoint saved from the base model names the base model there).
     """
     import transformers
 
-    try:
-        return transformers.AutoModelForCausalLM._model_mapping[type(config)]
-    except KeyError:
-        pass
+    for auto in _GENERATING_AUTOS:
+        mapping = getattr(getattr(transformers, auto, None), "_model_mapping", None)
+        try:
+            return mapping[type(config)]
+        except (KeyError, TypeError):
+            continue
     for name in getattr(config, "architectures", None) or []:
         cls = getattr(transformers, name, None)
-        if cls is not None:
+        if cls is not None and name.endswith(_GENERATING_SUFFIXES):
             return cls
-    if getattr(config, "model_type", None) == "glm5_next" and hasattr(transformers, "Glm5NextForConditionalGeneration"):
-        return transformers.Glm5NextForConditionalGeneration
     raise ModelSpecError(f"transformers {transformers.__version__} has no generating model class for "
                          f"model_type {getattr(config, 'model_type', '?')!r}")
 
@@ -238,8 +250,10 @@ def tiny_config(spec: str):
     return TINY_FAMILIES[tiny_family(spec)]()
 
 
-def _slow_decays(model: torch.nn.Module) -> None:
+def _slow_decays(model) -> None:
     """Give every recurrence slow decays (memory of tens of tokens) and widen the logits."""
+    import torch
+
     gen = torch.Generator().manual_seed(1234)
     with torch.no_grad():
         for name, mod in model.named_modules():
@@ -263,8 +277,11 @@ def _slow_decays(model: torch.nn.Module) -> None:
             out.weight.mul_(8.0)
 
 
-def build_tiny_model(spec: str, dtype: torch.dtype = torch.float32):
-    """Build the tiny model in memory (deterministic: seed 0)."""
+def build_tiny_model(spec: str, dtype=None):
+    """Build the tiny model in memory (deterministic: seed 0), in ``dtype`` (default fp32)."""
+    import torch
+
+    dtype = dtype or torch.float32
     config = tiny_config(spec)
     state = torch.random.get_rng_state()
     try:
@@ -278,35 +295,98 @@ def build_tiny_model(spec: str, dtype: torch.dtype = torch.float32):
 
 
 def tiny_cache_root() -> Path:
-    root = os.environ.get("REPLAYSSM_CACHE")
+    root = os.environ.get(CACHE_ENV)
     if root:
-        return Path(root) / "tiny"
+        return Path(root).expanduser() / "tiny"
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "replayssm" / "tiny"
 
 
+def _cache_error(path: Path, exc: OSError, *, damaged: Path | None = None) -> CacheError:
+    reason = "permission denied" if isinstance(exc, PermissionError) else \
+        "a file is in the way" if isinstance(exc, (FileExistsError, NotADirectoryError)) else \
+        (exc.strerror or str(exc)).lower()
+    where = (f"${CACHE_ENV} is {os.environ[CACHE_ENV]}" if os.environ.get(CACHE_ENV)
+             else f"${CACHE_ENV} is not set, so the cache is {tiny_cache_root()}")
+    if damaged is not None:
+        return CacheError(f"the cached tiny checkpoint {damaged} is damaged and cannot be rebuilt: cannot write "
+                          f"{path} ({reason})",
+                          hint=f"delete {damaged}, or set {CACHE_ENV} to a writable directory ({where})")
+    return CacheError(f"cannot write the tiny-model cache: {path} ({reason})",
+                      hint=f"set {CACHE_ENV} to a writable directory ({where})")
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _manifest_of(directory: Path) -> dict[str, Any]:
+    files = {p.name: {"bytes": p.stat().st_size, "sha256": _digest(p)} for p in sorted(directory.iterdir())
+             if p.is_file()}
+    return {"format_version": TINY_FORMAT_VERSION, "files": files}
+
+
+def _intact(target: Path, manifest_path: Path) -> bool:
+    """Whether ``target`` holds exactly the files its manifest lists, byte for byte."""
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        files = manifest["files"]
+        if "config.json" not in files or "model.safetensors" not in files:
+            return False
+        for name, want in files.items():
+            path = target / name
+            if path.stat().st_size != want["bytes"] or _digest(path) != want["sha256"]:
+                return False
+        return True
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _write_manifest(path: Path, manifest: dict[str, Any]) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(manifest, fh, indent=2)
+        fh.write("\n")
+    os.replace(tmp, path)
+
+
 def materialize_tiny(spec: str, root: Path | None = None) -> Path:
-    """Write the tiny checkpoint directory once and return its path (atomic: tmp dir + rename)."""
+    """Write the tiny checkpoint directory once and return its path (atomic: tmp dir + rename).
+
+    An entry that does not match its manifest is rebuilt (the build is deterministic).
+    Raises CacheError, naming ``$REPLAYSSM_CACHE``, when the cache cannot be written.
+    """
     import transformers
 
     family = tiny_family(spec)
     root = Path(root) if root is not None else tiny_cache_root()
     target = root / f"{family}-v{TINY_FORMAT_VERSION}-tf{transformers.__version__}"
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+    manifest_path = root / f"{target.name}.manifest.json"
+    if _intact(target, manifest_path):
         return target
-    root.mkdir(parents=True, exist_ok=True)
-    model = build_tiny_model(spec)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{family}-", dir=root))
+    damaged = target if target.exists() else None
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        info = {"spec": f"{TINY_PREFIX}{family}", "format_version": TINY_FORMAT_VERSION,
-                "transformers": transformers.__version__}
-        (tmp / "replayssm_tiny.json").write_text(json.dumps(info, indent=2) + "\n")
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{family}-", dir=root))
+    except OSError as exc:
+        raise _cache_error(root, exc, damaged=damaged) from None
+    try:
+        build_tiny_model(spec).save_pretrained(tmp, safe_serialization=True)
+        manifest = _manifest_of(tmp)
         try:
-            os.replace(tmp, target)
-        except OSError:
-            # another process won the race; keep theirs
-            if not (target / "config.json").is_file():
-                raise
+            os.rename(tmp, target)
+        except OSError:  # a damaged entry, or another process wrote the same (deterministic) files first
+            if not (target.is_dir() and _manifest_of(target) == manifest):
+                stale = Path(tempfile.mkdtemp(prefix=f".{family}-damaged-", dir=root))
+                os.rename(target, stale / target.name)
+                os.rename(tmp, target)
+                shutil.rmtree(stale, ignore_errors=True)
+        _write_manifest(manifest_path, manifest)
+    except OSError as exc:
+        raise _cache_error(root, exc, damaged=damaged) from None
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -35,12 +35,13 @@ from typing import Any
 
 import torch
 
-from .checkpoint import NULL_PROGRESS, Progress, test_hook
-from .config import CONFIG_KEY
+from .config import (CONFIG_KEY, StateDtype, block_layer_names, config_dtype_name, parse_device,
+                     parse_model_dtype,
+                     stack_relative_name)
 from .errors import CheckpointError, ConfigError
+from .formatting import count as _count
+from .progress import NULL_PROGRESS, Progress
 
-DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-_CONFIG_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 RELATIVE_TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-2, torch.bfloat16: 1.5e-1}
 
 
@@ -93,14 +94,10 @@ class ValidationResult:
         return d
 
 
-def _count(n: int, noun: str, plural: str | None = None) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {plural or noun + 's'}"
-
-
 def dtype_name(dtype: torch.dtype) -> str:
-    for name, dt in DTYPES.items():
-        if dt == dtype:
-            return name
+    for name in StateDtype:
+        if name.torch_dtype == dtype:
+            return name.value
     return str(dtype).replace("torch.", "")
 
 
@@ -112,12 +109,10 @@ def tolerance(dtype: torch.dtype, scale: float) -> float:
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
     """"auto" -> cuda when available, else cpu; check that the device exists."""
-    if device is None or str(device) == "auto":
+    name = parse_device(device)
+    if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError, ValueError):
-        raise ConfigError(f"--device must be auto, cpu, cuda, cuda:N or mps; got {device!r}") from None
+    dev = torch.device(name)
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(
@@ -129,37 +124,18 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     elif dev.type == "mps":
         if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
             raise ConfigError(f"device {device!r} asked for, but MPS is not available", hint="pass --device cpu")
-    elif dev.type != "cpu":
-        raise ConfigError(f"--device must be auto, cpu, cuda, cuda:N or mps; got {device!r}")
     return dev
 
 
-def checkpoint_dtype_name(config: dict[str, Any]) -> str | None:
-    """"fp32" | "bf16" | "fp16" from a config.json dict (dtype / torch_dtype), or None."""
-    for source in (config, config.get("text_config") or {}):
-        if not isinstance(source, dict):
-            continue
-        for key in ("dtype", "torch_dtype"):
-            value = source.get(key)
-            if isinstance(value, str) and value.replace("torch.", "") in _CONFIG_DTYPES:
-                return _CONFIG_DTYPES[value.replace("torch.", "")]
-    return None
-
-
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device, config: dict[str, Any] | None = None) -> torch.dtype:
-    """"auto" -> the checkpoint's dtype on GPUs, fp32 on CPU (CPU half-precision is slow)."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype is None or dtype == "auto":
+    """"auto" -> the checkpoint's dtype on GPUs, fp32 on CPU (CPU half-precision is slow); else any
+    spelling ``parse_model_dtype`` accepts."""
+    name = parse_model_dtype(dtype)
+    if name == "auto":
         if device.type == "cpu":
             return torch.float32
-        name = checkpoint_dtype_name(config or {}) or "bf16"
-        return DTYPES[name]
-    key = str(dtype).lower()
-    key = _CONFIG_DTYPES.get(key, key)
-    if key not in DTYPES:
-        raise ConfigError(f"--dtype must be one of auto, {', '.join(DTYPES)}; got {dtype!r}")
-    return DTYPES[key]
+        name = config_dtype_name(config or {}) or StateDtype.BF16.value
+    return StateDtype(name).torch_dtype
 
 
 class _ForceTokens:
@@ -230,6 +206,28 @@ def _settle_against_fp32(result, model, input_ids, new_tokens, pad_id, ref_token
                f"the fp32 model (outside near ties) ReplaySSM differs at {n_pat}, the stock model at {n_stock}")
 
 
+def _nonfinite_stock_error(model, dtype: str) -> CheckpointError:
+    """The error for a stock model whose own logits are NaN/inf: name the non-finite weights, if any."""
+    bad = []
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.is_floating_point() and not bool(torch.isfinite(param).all()):
+                bad.append(name)
+    if bad:
+        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        return CheckpointError(
+            f"the input checkpoint's weights are not finite: {_count(len(bad), 'tensor')} hold NaN or inf "
+            f"({shown}), and the stock model's logits are NaN/inf, so there is nothing to validate against",
+            hint="check the source checkpoint (a failed training step or a damaged save?); --no-validate skips "
+                 "the comparison",
+        )
+    return CheckpointError(
+        f"the stock model's own logits are NaN/inf when run in {dtype} (its weights are finite), so there is "
+        "nothing to validate against",
+        hint="the model may overflow in this dtype: try --dtype fp32 (or bf16), or --no-validate",
+    )
+
+
 def _short(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
@@ -255,7 +253,7 @@ def validate_checkpoint(
     from transformers import AutoConfig
 
     from .api import patch, replayssm_report
-    from .checkpoint import read_config_json
+    from .checkpoint_dir import read_config_json
     from .config import ReplaySSMConfig
     from .resolve import causal_lm_class
 
@@ -317,14 +315,16 @@ def validate_checkpoint(
             eos = getattr(text_cfg, "eos_token_id", None)
             pad_id = eos if isinstance(eos, int) else (eos[0] if isinstance(eos, list) and eos else 0)
         ref_tokens, ref_logits = _generate(model, input_ids, new_tokens, pad_id)
+        if not bool(torch.isfinite(ref_logits).all()):
+            raise _nonfinite_stock_error(model, result.dtype)
         progress.advance(key)
 
         # 3. apply the recorded block, decode with the reference tokens forced
         patch(model)
         rewritten = [r.name for r in replayssm_report(model).get("rewritten", [])]
         result.rewritten = rewritten
-        recorded = [entry.get("name") for entry in (block.get("layers") or []) if isinstance(entry, dict)]
-        same = sorted(rewritten) == sorted(recorded)
+        recorded = block_layer_names(block)
+        same = sorted(stack_relative_name(n) for n in rewritten) == sorted(recorded)
         if not result.add("patch", same,
                           f"replayssm block applied: {_count(len(rewritten), 'layer')} rewritten, buffer_len "
                           f"{rs_config.buffer_len}, state {block.get('state_dtype', 'fp32')}"
@@ -335,12 +335,6 @@ def validate_checkpoint(
         except Exception as exc:  # the patched model must run wherever the stock one does
             result.add("run", False, f"the ReplaySSM model failed to decode: {_short(exc)}")
             return result
-        if test_hook("perturb-logits") is not None:
-            pat_logits[:, -1, :] += 1.0 + ref_logits.abs().max()
-        if test_hook("perturb-stock-logits") is not None:  # a stock model noisier than ReplaySSM
-            ref_logits = ref_logits.clone()
-            ref_logits[:, -1, :] += torch.linspace(0, 1.0 + float(ref_logits.abs().max()), ref_logits.shape[-1],
-                                                   device=ref_logits.device)
         progress.advance(key)
 
         # 4. compare
@@ -352,14 +346,20 @@ def validate_checkpoint(
         diff = float((pat_logits - ref_logits).abs().max()) if finite else float("inf")
         result.max_abs_diff, result.tolerance, result.logit_scale = diff, tol, scale
         steps = ref_logits.shape[1]
-        logits_ok = finite and diff <= tol
+        if not finite:  # the stock logits are finite (checked above): this is ReplaySSM's fault
+            row, step = (int(i) for i in (~torch.isfinite(pat_logits)).any(-1).nonzero()[0])
+            result.add("logits", False, f"ReplaySSM logits are not finite (NaN/inf) from row {row} step {step} "
+                                        f"of {batch}x{steps}, where the stock model's are finite")
+            progress.finish(key)
+            return result
+        logits_ok = diff <= tol
         equal = ref_logits.argmax(-1) == pat_logits.argmax(-1)
         bad, margin, near_tie = _token_disagreements(ref_logits, pat_logits, tol)
         result.tokens_compared = int(equal.numel())
         result.tokens_equal = int(equal.sum())
         result.near_ties = int((~equal & near_tie).sum())
         flush_text = f"{_count(result.flushes, 'flush', 'flushes')} at L={rs_config.buffer_len}"
-        if finite and dt != torch.float32 and (not logits_ok or bool(bad.any())):
+        if dt != torch.float32 and (not logits_ok or bool(bad.any())):
             _settle_against_fp32(result, model, input_ids, new_tokens, pad_id, ref_tokens, ref_logits, pat_logits,
                                  diff, tol, scale, flush_text)
         else:

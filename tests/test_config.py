@@ -66,3 +66,124 @@ def test_newer_schema_refused():
         ReplaySSMConfig.from_block(block)
     with pytest.raises(ConfigError):
         ReplaySSMConfig.from_block({"buffer_len": 4})
+
+
+# --------------------------------------------------------------------------- one vocabulary for Python and CLI
+def cli_options(monkeypatch, *args):
+    """The keyword arguments the CLI's ``convert`` passes to the library for ``args``, or its exit code."""
+    import replayssm.conversion as conversion
+    from replayssm.cli.main import main
+
+    seen = {}
+
+    def fake_convert(model, out_dir, **kwargs):
+        seen.update(kwargs)
+        raise SystemExit(0)  # stop before any work
+
+    monkeypatch.setattr(conversion, "convert", fake_convert)
+    try:
+        code = main(["convert", "tiny:mamba2", "unused-out", *args])
+    except SystemExit:
+        return seen
+    return code
+
+
+@pytest.mark.parametrize("option,field,spellings,canonical", [
+    ("--backend", "backend", ["triton", "TRITON", "Triton"], "triton"),
+    ("--backend", "backend", ["torch", "TORCH"], "torch"),
+    ("--state-dtype", "state_dtype", ["bf16", "bfloat16", "BF16", "torch.bfloat16"], "bf16"),
+    ("--state-dtype", "state_dtype", ["fp32", "float32", "float"], "fp32"),
+    ("--state-dtype", "state_dtype", ["fp16", "float16", "half"], "fp16"),
+])
+def test_python_and_cli_accept_the_same_spellings(monkeypatch, option, field, spellings, canonical):
+    for spelling in spellings:
+        assert getattr(ReplaySSMConfig(**{field: spelling}), field) == canonical
+        assert cli_options(monkeypatch, option, spelling)[field] == canonical, spelling
+
+
+@pytest.mark.parametrize("option,field,value", [
+    ("--backend", "backend", "cuda"), ("--backend", "backend", "tritonn"),
+    ("--state-dtype", "state_dtype", "int8"), ("--state-dtype", "state_dtype", "fp8"),
+    ("--buffer-len", "buffer_len", "0"), ("--buffer-len", "buffer_len", "257"),
+])
+def test_python_and_cli_refuse_the_same_values(monkeypatch, capsys, option, field, value):
+    with pytest.raises(ConfigError, match=field):
+        ReplaySSMConfig(**{field: int(value) if field == "buffer_len" else value})
+    assert cli_options(monkeypatch, option, value) == 2
+    assert field in capsys.readouterr().err
+
+
+def test_validation_dtype_and_device_spellings(monkeypatch):
+    from replayssm.config import parse_device, parse_model_dtype
+
+    for spelling in ("bf16", "bfloat16", "BF16"):
+        assert parse_model_dtype(spelling) == "bf16"
+        assert cli_options(monkeypatch, "--dtype", spelling)["dtype"] == "bf16"
+    assert parse_model_dtype(torch.float16) == "fp16" and parse_model_dtype(None) == "auto"
+    assert cli_options(monkeypatch, "--device", "CUDA:1")["device"] == "cuda:1" == parse_device("CUDA:1")
+    for bad in ("int4", "fp64"):
+        with pytest.raises(ConfigError, match="dtype"):
+            parse_model_dtype(bad)
+        assert cli_options(monkeypatch, "--dtype", bad) == 2
+    with pytest.raises(ConfigError, match="device"):
+        parse_device("gpu")
+    assert cli_options(monkeypatch, "--device", "gpu") == 2
+
+
+@pytest.mark.parametrize("value", ["no", "false", 0, 1, None])
+def test_strict_must_be_a_bool(value):
+    """strict="no" is truthy: accepting it would silently mean the opposite of what was written."""
+    with pytest.raises(ConfigError, match="strict must be True or False"):
+        ReplaySSMConfig(strict=value)
+
+
+def test_patch_validates_through_the_config():
+    import replayssm
+    from replayssm.tiny import build_tiny_model
+
+    model = build_tiny_model("tiny:mamba2")
+    with pytest.raises(ConfigError, match="strict"):
+        replayssm.patch(model, strict="no")
+    assert not replayssm.is_patched(model)
+    replayssm.patch(model, backend="TORCH", state_dtype="bfloat16", buffer_len=4)
+    block = model.config.replayssm
+    assert block["backend"] == "torch" and block["state_dtype"] == "bf16"
+
+
+def test_constants_are_defined_once():
+    """The CLI's defaults and choices are the library's (no second copy to drift)."""
+    import inspect
+
+    from replayssm.cli.cmd_convert import convert_command
+    from replayssm.config import DEFAULT_BUFFER_LEN, Backend, StateDtype
+
+    params = inspect.signature(convert_command).parameters
+    assert params["buffer_len"].default.default == DEFAULT_BUFFER_LEN == ReplaySSMConfig().buffer_len
+    assert params["backend"].default.metavar == "[" + "|".join(b.value for b in Backend) + "]"
+    assert params["state_dtype"].default.metavar == "[" + "|".join(d.value for d in StateDtype) + "]"
+
+
+# --------------------------------------------------------------------------- layer names in the block
+def test_block_names_layers_from_the_decoder_stack():
+    from replayssm.config import block_layer_names, stack_relative_name
+
+    assert stack_relative_name("model.language_model.layers.3.linear_attn") == "layers.3.linear_attn"
+    assert stack_relative_name("backbone.layers.0.mixer") == "layers.0.mixer"
+    assert stack_relative_name("layers.1.mamba_decoder.mamba") == "layers.1.mamba_decoder.mamba"
+    assert stack_relative_name("mixer") == "mixer"
+    block = ReplaySSMConfig().to_block([{"name": "model.layers.2.mamba", "kind": "mamba2"}])
+    assert block["layers"] == [{"name": "layers.2.mamba", "kind": "mamba2"}]
+    cfg = ReplaySSMConfig.from_block(block)
+    for name in ("layers.2.mamba", "model.layers.2.mamba", "model.language_model.layers.2.mamba"):
+        assert cfg.selects(name), name
+    assert not cfg.selects("model.layers.20.mamba") and not cfg.selects("model.layers.2.mamba.x")
+    assert block_layer_names(block) == ["layers.2.mamba"]
+
+
+def test_version_1_blocks_with_qualified_names_are_read():
+    v1 = {"schema_version": 1, "buffer_len": 8, "state_dtype": "fp32", "backend": "auto",
+          "layers": [{"name": "model.layers.0.mixer", "kind": "mamba2"}]}
+    cfg = ReplaySSMConfig.from_block(v1)
+    assert cfg.buffer_len == 8
+    assert cfg.selects("layers.0.mixer") and cfg.selects("model.layers.0.mixer")
+    assert cfg.selects("backbone.layers.0.mixer") and not cfg.selects("model.layers.1.mixer")

@@ -86,3 +86,70 @@ def test_plain_transformer_has_none():
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
     assert find_ssm_layers(model) == []
+
+
+# --------------------------------------------------------------------------- recorded layer names in every class
+REWRITABLE = MAMBA2 + sorted(DELTA)
+
+
+def meta_pair(family):
+    """(generating model, base model) of a family, both built on the meta device from ONE config object."""
+    model = meta_model(family)
+    with torch.device("meta"):
+        base = transformers.AutoModel.from_config(model.config)
+    assert type(base) is not type(model)
+    return model, base
+
+
+@pytest.mark.parametrize("family", REWRITABLE)
+def test_recorded_block_applies_to_every_class_built_from_the_config(family):
+    """Patching records a block on the shared config; patching another class of the family built
+    from that config (base model <-> causal LM / conditional generation) rewrites the same layers."""
+    import replayssm
+
+    model, base = meta_pair(family)
+    replayssm.patch(model, buffer_len=4)
+    replayssm.patch(base)  # reads the block the first patch recorded on the shared config
+    from replayssm.config import stack_relative_name
+    names = [stack_relative_name(r.name) for r in replayssm.replayssm_report(model)["rewritten"]]
+    assert [stack_relative_name(r.name) for r in replayssm.replayssm_report(base)["rewritten"]] == names
+    assert base.config.replayssm["buffer_len"] == 4
+    # and the other way round, on fresh models
+    model, base = meta_pair(family)
+    replayssm.patch(base, buffer_len=2)
+    replayssm.patch(model)
+    assert len(replayssm.replayssm_report(model)["rewritten"]) == len(names)
+
+
+@pytest.mark.parametrize("family,prefix,base_prefix", [("mamba2", "backbone.", ""), ("qwen3_5", "model.", ""),
+                                                       ("glm5_next", "model.language_model.", "language_model.")])
+def test_checkpoints_load_patched_in_any_class(family, prefix, base_prefix, tmp_path):
+    """A patched causal-LM checkpoint loads patched as the base model, and a patched base-model
+    checkpoint as the causal LM; an old (version 1) block with qualified names too."""
+    import json
+
+    import replayssm
+    from replayssm.tiny import build_tiny_model, tiny_config
+
+    try:
+        tiny_config(f"tiny:{family}")
+    except Exception as exc:  # family missing from this transformers version
+        pytest.skip(f"{family}: {exc}")
+    lm = replayssm.patch(build_tiny_model(f"tiny:{family}"), buffer_len=4)
+    rewritten = [r.name for r in replayssm.replayssm_report(lm)["rewritten"]]
+    assert rewritten and all(n.startswith(prefix) for n in rewritten)
+    replayssm.save_pretrained(lm, tmp_path / "lm")
+    base = replayssm.patch(transformers.AutoModel.from_pretrained(tmp_path / "lm"))
+    assert [r.name for r in replayssm.replayssm_report(base)["rewritten"]] == \
+        [base_prefix + n[len(prefix):] for n in rewritten]
+    base.save_pretrained(tmp_path / "base")
+    again = replayssm.from_pretrained(tmp_path / "base")
+    assert [r.name for r in replayssm.replayssm_report(again)["rewritten"]] == rewritten
+    # a block written by schema version 1 (names qualified in the class patched then)
+    config = json.loads((tmp_path / "lm" / "config.json").read_text())
+    config["replayssm"]["schema_version"] = 1
+    for entry in config["replayssm"]["layers"]:
+        entry["name"] = prefix + entry["name"]
+    (tmp_path / "lm" / "config.json").write_text(json.dumps(config))
+    old = replayssm.patch(transformers.AutoModel.from_pretrained(tmp_path / "lm"))
+    assert len(replayssm.replayssm_report(old)["rewritten"]) == len(rewritten)

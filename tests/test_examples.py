@@ -16,6 +16,7 @@ def test_quickstart(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "model.layers.0.mamba" in proc.stdout
     assert "greedy tokens identical: True" in proc.stdout
+    assert "note: on CPU ReplaySSM runs its PyTorch reference, which is slower" in proc.stdout
 
 
 def test_delta_benchmark_smoke_run(tmp_path):

@@ -179,7 +179,7 @@ def test_patch_is_idempotent_and_unpatch_restores_exactly():
     assert all(patched[n].__name__ == "Replay" + classes[n].__name__ for n in names)
     assert all(isinstance(model.get_submodule(n), classes[n]) for n in names)
     assert model.config.replayssm["buffer_len"] == 4
-    assert [l["name"] for l in model.config.replayssm["layers"]] == names
+    assert ["model." + l["name"] for l in model.config.replayssm["layers"]] == names  # from the decoder stack on
     assert replayssm.is_patched(model)
     replayssm.unpatch(model)
     assert {n: type(m) for n, m in model.named_modules()} == classes

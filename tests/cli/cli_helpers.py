@@ -31,7 +31,7 @@ def cli_env(tiny_cache: Path, **extra: str) -> dict[str, str]:
         PYTHONIOENCODING="utf-8",
         NO_COLOR="1",
     )
-    for key in ("REPLAYSSM_DEBUG", "REPLAYSSM_TEST_HOOK", "FORCE_COLOR"):
+    for key in ("REPLAYSSM_DEBUG", "FORCE_COLOR"):
         env.pop(key, None)
     env.update(extra)
     return env
@@ -69,3 +69,49 @@ def one_error(stderr: str) -> tuple[str, str | None]:
     hints = [ln for ln in lines if ln.startswith("hint: ")]
     assert len(errors) == 1, stderr
     return errors[0], hints[0] if hints else None
+
+
+# --------------------------------------------------------------------------- failure injection
+HOOKED_CLI = Path(__file__).with_name("hooked_cli.py")
+
+
+def hooked_cli_command(mode: str) -> list[str]:
+    """The CLI run by ``hooked_cli.py``: ``mode`` "fail" or "pause" after the first weight file is copied."""
+    return [sys.executable, str(HOOKED_CLI), mode]
+
+
+def fail_after_first_shard(monkeypatch) -> None:
+    """In-process: convert raises RuntimeError once the first weight file is copied."""
+    import replayssm.conversion as conversion
+
+    real = conversion.copy_file
+
+    def copy_then_fail(src, dst, *, expected_size=None, **kwargs):
+        copied = real(src, dst, expected_size=expected_size, **kwargs)
+        if expected_size is not None:  # a weight file
+            raise RuntimeError("injected failure after the first weight file")
+        return copied
+
+    monkeypatch.setattr(conversion, "copy_file", copy_then_fail)
+
+
+def perturb_logits(monkeypatch, which: str) -> None:
+    """Validation sees the last step's logits of the ReplaySSM decode (``which="replay"``) or of the
+    stock reference decode (``"stock"``, a stock path noisier than ReplaySSM) pushed off."""
+    import replayssm
+    import replayssm.validate as validate
+    import torch
+
+    real = validate._generate
+
+    def generate(model, input_ids, new_tokens, pad_id, force=None):
+        tokens, logits = real(model, input_ids, new_tokens, pad_id, force=force)
+        if which == "replay" and force is not None and replayssm.is_patched(model):
+            logits[:, -1, :] += 1.0 + logits.abs().max()
+        elif which == "stock" and force is None:
+            logits = logits.clone()
+            logits[:, -1, :] += torch.linspace(0, 1.0 + float(logits.abs().max()), logits.shape[-1],
+                                               device=logits.device)
+        return tokens, logits
+
+    monkeypatch.setattr(validate, "_generate", generate)

@@ -48,11 +48,14 @@ def tiny_dir(tiny_cache):
 
 @pytest.fixture(scope="session")
 def run_cli(tiny_cache):
-    """run_cli("convert", "tiny:bamba", out, env={...}) -> CompletedProcess (text, not checked)."""
+    """run_cli("convert", "tiny:bamba", out, env={...}) -> CompletedProcess (text, not checked).
 
-    def run(*args: str | os.PathLike, env: dict[str, str] | None = None, timeout: float = 300):
+    ``command`` replaces the console script (e.g. ``hooked_cli_command("fail")``)."""
+
+    def run(*args: str | os.PathLike, env: dict[str, str] | None = None, timeout: float = 300,
+            command: list[str] | None = None):
         return subprocess.run(
-            cli_command() + [str(a) for a in args],
+            (command or cli_command()) + [str(a) for a in args],
             capture_output=True, text=True, encoding="utf-8", timeout=timeout,
             env=cli_env(tiny_cache, **(env or {})),
         )
@@ -66,8 +69,8 @@ def cli_batch(run_cli):
     workers = max(2, min(4, os.cpu_count() or 2))
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="replayssm-cli")
 
-    def submit(*args, env: dict[str, str] | None = None) -> Future:
-        return pool.submit(run_cli, *args, env=env)
+    def submit(*args, env: dict[str, str] | None = None, command: list[str] | None = None) -> Future:
+        return pool.submit(run_cli, *args, env=env, command=command)
 
     yield submit
     pool.shutdown(wait=True, cancel_futures=True)

@@ -89,7 +89,8 @@ def test_no_arguments_prints_help(capsys):
     from replayssm.cli.main import main
 
     assert main([]) == 0
-    assert "Usage" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out.count("Usage:") == 1 and out.count("Exit codes") == 1, out  # once, not twice
 
 
 def test_env_table_and_json(started, capsys):
@@ -111,3 +112,55 @@ def test_env_table_and_json(started, capsys):
     assert isinstance(info["gpus"], list)
     assert set(info["triton_kernels"]) >= {"can_run", "detail"}
     assert info["backend_auto"] in ("triton", "torch")
+
+
+_ERRORS_WITHOUT_IMPORTS = """
+import json, sys
+from replayssm.cli.main import main
+codes = [main(args) for args in json.loads(sys.argv[1])]
+print(json.dumps({"codes": codes, "imported": sorted(m for m in ("torch", "transformers") if m in sys.modules)}))
+"""
+
+
+def test_path_and_option_errors_come_before_importing_torch(tiny_dir, tiny_cache, tmp_path):
+    """Errors about paths and options take well under a second: torch and transformers
+    (seconds to import) are imported only once those checks passed."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from cli_helpers import cli_env
+
+    src = tmp_path / "src"
+    shutil.copytree(tiny_dir("bamba"), src)
+    truncated = tmp_path / "truncated"
+    shutil.copytree(src, truncated)
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-64])
+    no_type = tmp_path / "no-type"
+    shutil.copytree(src, no_type)
+    config = json.loads((no_type / "config.json").read_text())
+    del config["model_type"]
+    (no_type / "config.json").write_text(json.dumps(config))
+    exists = tmp_path / "exists"
+    exists.mkdir()
+    out = str(tmp_path / "out")
+    cases = [
+        ["convert", str(tmp_path / "missing"), out],
+        ["convert", str(src), str(exists)],
+        ["convert", str(src), out, "--state-dtype", "int8"],
+        ["convert", str(src), out, "--device", "gpu"],
+        ["convert", str(truncated), out],
+        ["convert", str(no_type), out],
+        ["convert", "tiny:nope", out],
+        ["inspect", str(tmp_path / "missing")],
+        ["inspect", str(no_type)],
+    ]
+    proc = subprocess.run([sys.executable, "-c", _ERRORS_WITHOUT_IMPORTS, json.dumps(cases)], capture_output=True,
+                          text=True, timeout=120, env=cli_env(tiny_cache))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["codes"] == [2] * len(cases), proc.stderr
+    assert result["imported"] == [], proc.stderr
+    assert "has no model_type" in proc.stderr and "upgrade" not in proc.stderr

@@ -85,7 +85,8 @@ def test_convert_json_delta_rule_family(converted):
     assert result["architecture"] == "KimiLinearForCausalLM"
     block = check_output(out, src, buffer_len=4, state_dtype="bf16")
     assert result["replayssm"] == block
-    assert [row["name"] for row in result["layers"]] == [entry["name"] for entry in block["layers"]]
+    # the block names layers from the decoder stack on, valid in every class of the family
+    assert [row["name"] for row in result["layers"]] == ["model." + entry["name"] for entry in block["layers"]]
     for row in result["layers"]:
         assert row["kind"] == "kda" and row["state_bytes"] > 0 and row["buffer_bytes"] > 0
     v = result["validation"]
@@ -104,7 +105,7 @@ def test_dry_run_writes_nothing(capsys, tmp_path):
     assert main(args) == 0
     result = parse_json(capsys.readouterr().out)
     assert result["dry_run"] is True and result["written"] is False and result["validation"] is None
-    assert [e["name"] for e in result["replayssm"]["layers"]] == ["model.layers.0.mamba", "model.layers.2.mamba"]
+    assert [e["name"] for e in result["replayssm"]["layers"]] == ["layers.0.mamba", "layers.2.mamba"]
     assert result["unselected_layers"] == ["model.layers.3.mamba"]
     assert list(tmp_path.iterdir()) == []
     # the human-readable dry run lists the files it would write

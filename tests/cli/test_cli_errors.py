@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import cli_command, cli_env, leftovers, one_error, parse_json, tree_digest
+from cli_helpers import (cli_env, fail_after_first_shard, hooked_cli_command, leftovers, one_error,
+                         parse_json, perturb_logits, tree_digest)
 
 
 def _damage(src, how: str) -> None:
@@ -38,12 +39,12 @@ def _damage(src, how: str) -> None:
 class Case:
     """One failing convert started in the background: its input, its output parent, its result."""
 
-    def __init__(self, root, name, model, *extra, submit, env=None, src=None):
+    def __init__(self, root, name, model, *extra, submit, env=None, src=None, command=None):
         self.work = root / name / "work"
         self.work.mkdir(parents=True)
         self.src = src
         self.before = tree_digest(src) if src is not None else None
-        self.future = submit("convert", model, self.work / "out", *extra, env=env)
+        self.future = submit("convert", model, self.work / "out", *extra, env=env, command=command)
 
     def failed(self, code: int = 2):
         proc = self.future.result()
@@ -77,7 +78,7 @@ def cases(cli_batch, tiny_dir, tmp_path_factory):
     runs["missing"] = Case(root, "missing", root / "does-not-exist", submit=cli_batch)
     runs["unsupported"] = Case(root, "unsupported", "tiny:mamba", submit=cli_batch)
     runs["crash"] = Case(root, "crash", "tiny:nemotron_h", src=tiny_dir("nemotron_h"), submit=cli_batch,
-                         env={"REPLAYSSM_TEST_HOOK": "fail-after-shard:1"})
+                         command=hooked_cli_command("fail"))
     runs["originals"] = originals
     return runs
 
@@ -152,7 +153,7 @@ def test_newer_schema_block_refused(capsys, tiny_dir, tmp_path):
 def test_debug_shows_the_traceback_without_locals(monkeypatch, capsys, tmp_path):
     from replayssm.cli.main import main
 
-    monkeypatch.setenv("REPLAYSSM_TEST_HOOK", "fail-after-shard:1")
+    fail_after_first_shard(monkeypatch)
     assert main(["convert", "tiny:nemotron_h", str(tmp_path / "out"), "--no-validate"], debug=True) == 1
     err = capsys.readouterr().err
     assert "Traceback" in err and "injected failure" in err
@@ -163,7 +164,7 @@ def test_debug_shows_the_traceback_without_locals(monkeypatch, capsys, tmp_path)
 def test_validation_failure_exits_1_and_writes_nothing(monkeypatch, capsys, tmp_path):
     from replayssm.cli.main import main
 
-    monkeypatch.setenv("REPLAYSSM_TEST_HOOK", "perturb-logits")
+    perturb_logits(monkeypatch, "replay")
     assert main(["convert", "tiny:mamba2", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
     error, hint = one_error(err)
@@ -209,8 +210,8 @@ def test_ctrl_c_while_copying_leaves_nothing(tiny_cache, tiny_dir, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     # PYTHONFAULTHANDLER: should the child outlive the interrupt, SIGABRT makes it print every thread's stack
-    env = cli_env(tiny_cache, REPLAYSSM_TEST_HOOK="pause-after-shard:1", PYTHONFAULTHANDLER="1")
-    proc = subprocess.Popen(cli_command() + ["convert", "tiny:mamba2", str(work / "a" / "out")], env=env,
+    env = cli_env(tiny_cache, PYTHONFAULTHANDLER="1")
+    proc = subprocess.Popen(hooked_cli_command("pause") + ["convert", "tiny:mamba2", str(work / "a" / "out")], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, encoding="utf-8")
     try:
         deadline = time.monotonic() + 120
@@ -257,6 +258,7 @@ def test_out_of_disk_is_refused_up_front(monkeypatch, capsys, tiny_dir, tmp_path
     captured = capsys.readouterr()
     error, hint = one_error(captured.err)
     assert "not enough disk space" in error and "4.0 KiB free" in error
+    assert "plus 16.0 MiB kept free" in error  # the reserve is not hidden
     assert hint and "free some space" in hint
     assert leftovers(work) == []
 
@@ -265,7 +267,7 @@ def test_out_of_disk_while_writing(monkeypatch, capsys, tiny_dir, tmp_path):
     """ENOSPC in the middle of a copy: OutOfDiskError, nothing left behind."""
     import errno
 
-    import replayssm.checkpoint as checkpoint
+    import replayssm.output_dir as output_dir
     from replayssm.cli.main import main
 
     tiny_dir("zamba2")
@@ -291,7 +293,7 @@ def test_out_of_disk_while_writing(monkeypatch, capsys, tiny_dir, tmp_path):
         fh = real_open(path, mode, *args, **kwargs)
         return FullDisk(fh) if "x" in mode else fh
 
-    monkeypatch.setattr(checkpoint, "open", fake_open, raising=False)
+    monkeypatch.setattr(output_dir, "open", fake_open, raising=False)
     work = tmp_path / "work"
     work.mkdir()
     assert main(["convert", "tiny:zamba2", str(work / "out"), "--no-validate"]) == 2

@@ -117,7 +117,7 @@ def test_hub_id_not_in_cache(capsys):
 
 def test_inspect_every_tiny_family_on_meta_device(monkeypatch):
     """In-process (a subprocess per family adds nothing): every tiny family inspects, no checkpoint written."""
-    from replayssm.cli.cmd_inspect import describe
+    from replayssm.inspection import describe
     from replayssm.errors import ModelSpecError
     from replayssm.tiny import TINY_FAMILIES, tiny_config
 
@@ -143,7 +143,7 @@ def test_inspect_every_tiny_family_on_meta_device(monkeypatch):
 
 @pytest.mark.parametrize("spec", ["tiny:mamba", "tiny:falcon_mamba", "tiny:zamba"])
 def test_mamba1_families_are_found_but_not_rewritable(spec):
-    from replayssm.cli.cmd_inspect import describe
+    from replayssm.inspection import describe
 
     info = describe(spec)
     assert info["rewritable"] == 0

@@ -7,6 +7,8 @@ import json
 import os
 import shutil
 import struct
+import subprocess
+import sys
 import threading
 import time
 import tracemalloc
@@ -15,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cli_helpers import file_sha, leftovers, tree_digest
+from cli_helpers import file_sha, leftovers, perturb_logits, tree_digest
 
 
 # --------------------------------------------------------------------------- helpers
@@ -46,7 +48,7 @@ def rss_bytes() -> int:
 
 # --------------------------------------------------------------------------- scanning
 def test_scan_sharded_checkpoint(sharded):
-    from replayssm.checkpoint import scan_checkpoint
+    from replayssm.checkpoint_dir import scan_checkpoint
 
     scan = scan_checkpoint(sharded)
     assert scan.index is not None and len(scan.weights) >= 3
@@ -59,7 +61,7 @@ def test_scan_sharded_checkpoint(sharded):
 
 
 def test_scan_refuses_incomplete_or_inconsistent_checkpoints(sharded, tmp_path):
-    from replayssm.checkpoint import scan_checkpoint
+    from replayssm.checkpoint_dir import scan_checkpoint
     from replayssm.errors import CheckpointError
 
     bad = tmp_path / "missing-shard"
@@ -84,7 +86,7 @@ def test_scan_refuses_incomplete_or_inconsistent_checkpoints(sharded, tmp_path):
 def test_bin_only_checkpoint_refused_with_hint(tiny_dir, tmp_path):
     from safetensors.torch import load_file
 
-    from replayssm.checkpoint import scan_checkpoint
+    from replayssm.checkpoint_dir import scan_checkpoint
     from replayssm.errors import CheckpointError
 
     src = tmp_path / "bin-only"
@@ -98,7 +100,7 @@ def test_bin_only_checkpoint_refused_with_hint(tiny_dir, tmp_path):
 
 def test_tokenizer_and_small_files_copied_other_weights_skipped(tiny_dir, tmp_path):
     import replayssm
-    from replayssm.checkpoint import scan_checkpoint
+    from replayssm.checkpoint_dir import scan_checkpoint
 
     src = tmp_path / "both"
     shutil.copytree(tiny_dir("mamba2"), src)
@@ -139,7 +141,7 @@ def _header_bytes(header: dict, data_len: int) -> bytes:
     ({"a": {"shape": [2]}}, 8, "no dtype/shape/data_offsets"),
 ])
 def test_safetensors_header_checks(header, data_len, message, tmp_path):
-    from replayssm.checkpoint import read_safetensors_header
+    from replayssm.checkpoint_dir import read_safetensors_header
     from replayssm.errors import CheckpointError
 
     path = tmp_path / "x.safetensors"
@@ -152,7 +154,7 @@ def test_safetensors_header_checks(header, data_len, message, tmp_path):
 
 
 def test_safetensors_header_length_field_checks(tmp_path):
-    from replayssm.checkpoint import read_safetensors_header
+    from replayssm.checkpoint_dir import read_safetensors_header
     from replayssm.errors import CheckpointError
 
     path = tmp_path / "x.safetensors"
@@ -169,7 +171,7 @@ def test_safetensors_header_length_field_checks(tmp_path):
 
 # --------------------------------------------------------------------------- output directory
 def test_atomic_output_dir_cleans_up_on_any_exception(tmp_path):
-    from replayssm.checkpoint import atomic_output_dir
+    from replayssm.output_dir import atomic_output_dir
 
     for exc in (RuntimeError("boom"), KeyboardInterrupt()):
         with pytest.raises(type(exc)):
@@ -195,12 +197,75 @@ def test_output_overlapping_the_input_is_refused_even_with_force(tiny_dir, tmp_p
     assert tree_digest(src) == before
 
 
+_WRITER = """
+import sys, time
+from pathlib import Path
+from replayssm.output_dir import atomic_output_dir
+with atomic_output_dir(Path(sys.argv[1])) as tmp:
+    (tmp / "model.safetensors").write_bytes(b"x" * 1000)
+    print(tmp, flush=True)
+    time.sleep(600)
+"""
+
+
+def start_writer(out: Path) -> tuple[subprocess.Popen, Path]:
+    """A process in the middle of writing ``out`` (its temporary directory exists and is locked)."""
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(out)], stdout=subprocess.PIPE, text=True)
+    return proc, Path(proc.stdout.readline().strip())
+
+
+def test_leftovers_of_killed_runs_are_removed_and_busy_ones_kept(tiny_dir, tmp_path):
+    """SIGKILL leaves the temporary directory (a full copy of the weights) behind; the next run
+    removes it, but never a directory that a running process writes, nor one it cannot prove
+    to be a leftover; all are named in the notes."""
+    import replayssm
+
+    tiny_dir("mamba2")
+    out = tmp_path / "out"
+    killed, killed_tmp = start_writer(out)
+    busy, busy_tmp = start_writer(out)
+    try:
+        killed.kill()
+        killed.wait()
+        assert killed_tmp.is_dir() and (killed_tmp / "model.safetensors").is_file()  # what SIGKILL leaves
+        unknown = tmp_path / ".out.replayssm-tmp-0123abcd"  # no lock file (an older version wrote it)
+        unknown.mkdir()
+        other = tmp_path / ".other.replayssm-tmp-0123abcd"  # another OUT_DIR's: not looked at
+        other.mkdir()
+        result = replayssm.convert("tiny:mamba2", out, validate=False, dry_run=True)
+        assert killed_tmp.is_dir()  # a dry run removes nothing
+        assert any("would remove 1 temporary directory" in n and killed_tmp.name in n for n in result.notes)
+        result = replayssm.convert("tiny:mamba2", out, validate=False)
+        assert not killed_tmp.exists()
+        assert any("removed 1 temporary directory" in n and killed_tmp.name in n for n in result.notes), result.notes
+        kept = next(n for n in result.notes if n.startswith("left "))
+        assert str(busy_tmp) in kept and str(unknown) in kept and str(other) not in kept
+        assert busy_tmp.is_dir() and unknown.is_dir() and other.is_dir() and (out / "config.json").is_file()
+        assert busy.poll() is None
+    finally:
+        busy.kill()
+        busy.wait()
+    from replayssm.output_dir import remove_stale_temp_dirs
+
+    assert remove_stale_temp_dirs(out) == ([busy_tmp], [unknown])  # its writer is gone now
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".other.replayssm-tmp-0123abcd", "out", unknown.name])
+
+
+def test_a_published_output_dir_holds_no_lock_file(tmp_path):
+    from replayssm.output_dir import LOCK_NAME, atomic_output_dir
+
+    with atomic_output_dir(tmp_path / "out") as tmp:
+        assert (tmp / LOCK_NAME).is_file()
+        (tmp / "done").write_text("ok")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["done"]
+
+
 # --------------------------------------------------------------------------- memory
 def test_copy_memory_stays_below_one_shard(sharded, tmp_path):
     """convert (no validation) of a sharded checkpoint: Python-heap peak and RSS growth stay well
     below the largest shard, let alone the whole model."""
     import replayssm
-    from replayssm.checkpoint import scan_checkpoint
+    from replayssm.checkpoint_dir import scan_checkpoint
 
     scan = scan_checkpoint(sharded)
     largest, total = scan.largest_shard_bytes, scan.weights_bytes
@@ -313,21 +378,22 @@ def test_unreadable_inputs(tiny_dir, tmp_path):
     shutil.copytree(tiny_dir("mamba2"), src)
     (src / "model.safetensors").unlink()
     (src / "model.safetensors").symlink_to(tmp_path / "gone.safetensors")
-    with pytest.raises(CheckpointError, match="cannot read .*model.safetensors"):
+    with pytest.raises(CheckpointError, match="model.safetensors is a dangling symbolic link") as info:
         replayssm.convert(src, tmp_path / "out", validate=False)
+    assert "gone.safetensors" in str(info.value) and "permission" not in info.value.hint
     with pytest.raises(CheckpointError, match="is a file, not a checkpoint directory"):
         replayssm.convert(tiny_dir("mamba2") / "config.json", tmp_path / "out", validate=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling"]
 
 
-@pytest.mark.parametrize("hook,passes", [("perturb-stock-logits", True), ("perturb-logits", False)])
-def test_16bit_validation_is_settled_against_the_fp32_model(tiny_dir, tmp_path, monkeypatch, hook, passes):
+@pytest.mark.parametrize("which,passes", [("stock", True), ("replay", False)])
+def test_16bit_validation_is_settled_against_the_fp32_model(tiny_dir, tmp_path, monkeypatch, which, passes):
     """A 16-bit comparison that fails against the stock model is decided by an fp32 decode:
     it passes when the stock 16-bit logits are the further from the fp32 ones (a noisier stock
     path), and fails when ReplaySSM's are."""
     import replayssm
 
-    monkeypatch.setenv("REPLAYSSM_TEST_HOOK", hook)
+    perturb_logits(monkeypatch, which)
     tiny_dir("nemotron_h")
     out = tmp_path / "out"
     if passes:
@@ -347,7 +413,107 @@ def test_fp32_validation_has_no_oracle_fallback(tiny_dir, tmp_path, monkeypatch)
     """In fp32 the stock model is the oracle: a noisier stock decode fails the check."""
     import replayssm
 
-    monkeypatch.setenv("REPLAYSSM_TEST_HOOK", "perturb-stock-logits")
+    perturb_logits(monkeypatch, "stock")
     tiny_dir("nemotron_h")
     with pytest.raises(replayssm.ValidationFailedError, match="exceeds tol"):
         replayssm.convert("tiny:nemotron_h", tmp_path / "out", device="cpu", dtype="fp32", buffer_len=4)
+
+
+def test_missing_from_pretrained_path_is_this_tools_error(tmp_path):
+    import replayssm
+
+    with pytest.raises(replayssm.ModelSpecError, match="no such directory"):
+        replayssm.from_pretrained(tmp_path / "missing")
+    with pytest.raises(replayssm.ModelSpecError, match="no such directory"):
+        replayssm.from_pretrained("/definitely/missing")
+    with pytest.raises(replayssm.CheckpointError, match="has no config.json"):
+        replayssm.from_pretrained(tmp_path)
+
+
+def test_config_without_model_type_is_named(tiny_dir, tmp_path):
+    import replayssm
+    from replayssm.inspection import describe
+
+    src = tmp_path / "src"
+    shutil.copytree(tiny_dir("mamba2"), src)
+    config = json.loads((src / "config.json").read_text())
+    del config["model_type"]
+    (src / "config.json").write_text(json.dumps(config))
+    for call in (lambda: describe(str(src)), lambda: replayssm.convert(src, tmp_path / "out")):
+        with pytest.raises(replayssm.CheckpointError, match="config.json has no model_type") as info:
+            call()
+        assert "upgrade" not in info.value.hint
+
+
+# --------------------------------------------------------------------------- non-finite values
+def test_non_finite_weights_are_named_not_blamed_on_replayssm(tiny_dir, tmp_path, capsys):
+    """A checkpoint whose own weights hold NaN: a usage error naming the tensor, not a failed
+    validation with "max |diff| inf" and "report it"."""
+    from safetensors.torch import load_file, save_file
+
+    import replayssm
+    from replayssm.cli.main import main
+
+    src = tmp_path / "nan"
+    shutil.copytree(tiny_dir("mamba2"), src)
+    tensors = load_file(src / "model.safetensors")
+    name = next(k for k in tensors if k.endswith("layers.0.mixer.in_proj.weight"))
+    tensors[name][0, 0] = float("nan")
+    save_file(tensors, src / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(replayssm.CheckpointError, match="weights are not finite") as info:
+        replayssm.convert(src, tmp_path / "out")
+    assert name in str(info.value) and "report" not in info.value.hint
+    assert main(["convert", str(src), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "weights are not finite" in err and "max |diff|" not in err and "--dtype fp32" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nan"]
+
+
+def test_non_finite_replayssm_logits_fail_validation_as_such(tiny_dir, tmp_path, monkeypatch):
+    import replayssm
+    import replayssm.validate as validate
+
+    real = validate._generate
+
+    def nan_when_patched(model, input_ids, new_tokens, pad_id, force=None):
+        tokens, logits = real(model, input_ids, new_tokens, pad_id, force=force)
+        if replayssm.is_patched(model):
+            logits[1, 5:] = float("nan")
+        return tokens, logits
+
+    monkeypatch.setattr(validate, "_generate", nan_when_patched)
+    tiny_dir("mamba2")
+    with pytest.raises(replayssm.ValidationFailedError, match="ReplaySSM logits are not finite") as info:
+        replayssm.convert("tiny:mamba2", tmp_path / "out", device="cpu", dtype="fp32")
+    assert "row 1 step 5" in str(info.value)
+    assert "--dtype fp32" not in info.value.hint and "report it" in info.value.hint  # already fp32
+    assert [c.name for c in info.value.validation.checks] == ["load", "patch", "logits"]
+
+
+# --------------------------------------------------------------------------- sizes
+def test_tiny_spec_and_its_checkpoint_directory_describe_the_same(tiny_dir):
+    from replayssm.inspection import describe
+
+    spec, directory = describe("tiny:bamba", buffer_len=8), describe(str(tiny_dir("bamba")), buffer_len=8)
+    assert spec["act_dtype"] == directory["act_dtype"] == "fp32"
+    assert not spec["act_dtype_assumed"] and not directory["act_dtype_assumed"]
+    assert spec["totals"] == directory["totals"]
+    assert [r["buffer_bytes"] for r in spec["layers"]] == [r["buffer_bytes"] for r in directory["layers"]]
+
+
+def test_assumed_activation_dtype_is_said(tiny_dir, tmp_path, capsys):
+    from replayssm.cli.main import main
+    from replayssm.inspection import describe
+
+    src = tmp_path / "no-dtype"
+    shutil.copytree(tiny_dir("bamba"), src)
+    config = json.loads((src / "config.json").read_text())
+    config.pop("dtype", None)
+    config.pop("torch_dtype", None)
+    (src / "config.json").write_text(json.dumps(config))
+    info = describe(str(src))
+    assert info["act_dtype"] == "bf16" and info["act_dtype_assumed"] and info["act_bytes"] == 2
+    assert main(["inspect", str(src)]) == 0
+    assert "bf16 assumed: config.json records no dtype" in capsys.readouterr().out
+    assert main(["convert", str(src), str(tmp_path / "out"), "--dry-run"]) == 0
+    assert "assumed: config.json records no dtype" in capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""Checkpoint directories on disk: reading, verifying, copying, and writing them atomically.
+"""Hugging Face checkpoint directories on disk: reading and verifying them.
 
 * ``read_config_json`` reads ``config.json`` keeping its key order.
 * ``scan_checkpoint`` lists a directory's weights (``model.safetensors`` or the shards of
@@ -6,43 +6,30 @@
   file size (so truncated or corrupt shards are found before anything is written), and sorts
   the other files into "copy" (tokenizer, generation config, chat template, README, remote
   code...) and "skip" (other weight formats, sub-directories, hidden files).
-* ``copy_file`` streams one file in fixed-size chunks: memory stays at one chunk, never a
-  whole shard, let alone the model.
-* ``atomic_output_dir`` builds the output in a temporary directory beside OUT_DIR and
-  renames it into place at the end; any exception, Ctrl-C or SIGTERM (raised as an
-  exception by the CLI) removes the temporary directory, so OUT_DIR either appears complete
-  or not at all.
 
-PyTorch ``.bin`` weights are not converted: a checkpoint with only ``pytorch_model*.bin``
-is refused (they are pickles: they cannot be verified without unpickling, and transformers
-re-saves them as safetensors in one call). When both formats are present the ``.bin`` files
-are skipped, as transformers itself prefers safetensors.
+Writing output directories is ``replayssm.output_dir``'s job. PyTorch ``.bin`` weights are
+not converted: a checkpoint with only ``pytorch_model*.bin`` is refused (they are pickles:
+they cannot be verified without unpickling, and transformers re-saves them as safetensors
+in one call). When both formats are present the ``.bin`` files are skipped, as
+transformers itself prefers safetensors.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
 import os
-import secrets
-import shutil
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
-from .errors import CheckpointError, OutOfDiskError, OutputExistsError
+from .errors import CheckpointError
 
 CONFIG_NAME = "config.json"
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_INDEX_NAME = "model.safetensors.index.json"
 #: the largest safetensors header the safetensors library accepts
 MAX_HEADER_BYTES = 100_000_000
-#: bytes copied per step (the only buffer the copy holds)
-COPY_CHUNK = 4 * 1024 * 1024
-#: space kept free on the output disk beyond the files themselves
-DISK_RESERVE = 16 * 1024 * 1024
 
 # element sizes in bits (safetensors dtype names)
 _DTYPE_BITS = {
@@ -55,60 +42,6 @@ _DTYPE_BITS = {
 _OTHER_WEIGHT_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".gguf", ".ot", ".tflite",
                           ".npz", ".pdparams", ".safetensors")
 _TEMP_SUFFIXES = (".lock", ".incomplete", ".tmp", ".part")
-TEST_HOOK_ENV = "REPLAYSSM_TEST_HOOK"
-
-
-# --------------------------------------------------------------------------- test hooks
-def test_hook(event: str) -> str | None:
-    """The argument of test-hook ``event`` in $REPLAYSSM_TEST_HOOK, else None.
-
-    $REPLAYSSM_TEST_HOOK is a comma-separated list of ``event`` or ``event:arg`` items, used
-    by the test-suite to inject failures (``fail-after-shard:1``, ``interrupt-after-shard:1``,
-    ``pause-after-shard:1``, ``perturb-logits``, ``perturb-stock-logits``). Unset in normal use.
-    """
-    raw = os.environ.get(TEST_HOOK_ENV)
-    if not raw:
-        return None
-    for item in raw.split(","):
-        name, _, arg = item.strip().partition(":")
-        if name == event:
-            return arg
-    return None
-
-
-# --------------------------------------------------------------------------- progress
-class Progress:
-    """Progress reporting hooks (this base class ignores them; the CLI draws rich bars).
-
-    A task is named by ``key``; ``unit`` is "bytes" or "steps" (for display only).
-    """
-
-    def start(self, key: str, description: str, total: float | None = None, *, unit: str = "steps") -> None:
-        pass
-
-    def advance(self, key: str, amount: float = 1) -> None:
-        pass
-
-    def update(self, key: str, *, description: str | None = None, total: float | None = None) -> None:
-        pass
-
-    def finish(self, key: str) -> None:
-        pass
-
-
-NULL_PROGRESS = Progress()
-
-
-# --------------------------------------------------------------------------- formatting
-def human_bytes(n: float) -> str:
-    """1536 -> '1.5 KiB'."""
-    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-    value = float(n)
-    for unit in units:
-        if abs(value) < 1024 or unit == units[-1]:
-            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} PiB"  # pragma: no cover
 
 
 # --------------------------------------------------------------------------- config.json
@@ -123,8 +56,11 @@ def read_config_json(directory: Path) -> dict[str, Any]:
         )
     try:
         text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"cannot read {path}: {_os_reason(exc)}", hint="check the file's permissions") from None
+    except OSError as exc:
+        raise read_error(path, exc) from None
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{path} is not UTF-8 text ({exc.reason})",
+                              hint="the file is corrupt; restore it from the original source") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -146,6 +82,25 @@ def _os_reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror.lower()
     return str(exc) or type(exc).__name__
+
+
+def read_error(path: Path, exc: BaseException) -> CheckpointError:
+    """A CheckpointError for a file that cannot be read, with the hint that fits the cause."""
+    path = Path(path)
+    if path.is_symlink() and not path.exists():
+        return CheckpointError(
+            f"{path} is a dangling symbolic link (to {os.readlink(path)}, which does not exist)",
+            hint="restore the file it points to (an interrupted download or a moved cache?), or re-download "
+                 "the checkpoint",
+        )
+    if isinstance(exc, FileNotFoundError):
+        return CheckpointError(f"{path} does not exist (it disappeared while reading?)",
+                               hint="make sure nothing modifies the checkpoint while it is read")
+    if isinstance(exc, PermissionError):
+        return CheckpointError(f"cannot read {path}: permission denied", hint="check the file's permissions")
+    if isinstance(exc, IsADirectoryError):
+        return CheckpointError(f"{path} is a directory, where a file was expected")
+    return CheckpointError(f"cannot read {path}: {_os_reason(exc)}")
 
 
 # --------------------------------------------------------------------------- safetensors
@@ -197,7 +152,7 @@ def read_safetensors_header(path: Path, *, size: int | None = None) -> Safetenso
                 )
             raw = fh.read(header_len)
     except OSError as exc:
-        raise CheckpointError(f"cannot read {path}: {_os_reason(exc)}", hint="check the file's permissions") from None
+        raise read_error(path, exc) from None
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
@@ -316,8 +271,11 @@ def scan_checkpoint(directory: Path, *, on_shard: Callable[[str], None] | None =
         index_path = names[SAFE_INDEX_NAME]
         try:
             index = json.loads(index_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError) as exc:
-            raise CheckpointError(f"cannot read {index_path}: {_os_reason(exc)}") from None
+        except OSError as exc:
+            raise read_error(index_path, exc) from None
+        except UnicodeDecodeError:
+            raise CheckpointError(f"{index_path} is not UTF-8 text", hint="re-download or re-save the checkpoint") \
+                from None
         except json.JSONDecodeError as exc:
             raise CheckpointError(f"{index_path} is not valid JSON (line {exc.lineno}: {exc.msg})",
                                   hint="re-download or re-save the checkpoint") from None
@@ -328,6 +286,8 @@ def scan_checkpoint(directory: Path, *, on_shard: Callable[[str], None] | None =
         for shard in shard_names:
             if not isinstance(shard, str) or "/" in shard or "\\" in shard or shard.startswith("."):
                 raise CheckpointError(f"{index_path} names an unexpected shard file {shard!r}")
+            if (directory / shard).is_symlink() and not (directory / shard).exists():
+                raise read_error(directory / shard, FileNotFoundError())
             if not (directory / shard).is_file():
                 raise CheckpointError(
                     f"{directory} is incomplete: {SAFE_INDEX_NAME} lists {shard}, which is missing",
@@ -386,222 +346,7 @@ def scan_checkpoint(directory: Path, *, on_shard: Callable[[str], None] | None =
                           others=others, skipped=skipped, headers=headers)
 
 
-# --------------------------------------------------------------------------- copying
-def _write_error(exc: OSError, target: Path) -> BaseException:
-    if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
-        return OutOfDiskError(
-            f"out of disk space while writing {target}",
-            hint="free some space or choose an OUT_DIR on a larger disk; nothing was left behind",
-        )
-    return CheckpointError(f"cannot write {target}: {_os_reason(exc)}", hint="check the output directory's permissions")
-
-
-def copy_file(src: Path, dst: Path, *, expected_size: int | None = None,
-              on_bytes: Callable[[int], None] | None = None, chunk: int = COPY_CHUNK) -> int:
-    """Copy ``src`` to ``dst`` byte for byte, ``chunk`` bytes at a time; return the bytes copied.
-
-    Memory use is one ``chunk`` buffer. If ``expected_size`` is given, a source that ends
-    early (truncated while copying) or runs longer raises CheckpointError.
-    """
-    buf = bytearray(chunk)
-    view = memoryview(buf)
-    copied = 0
-    try:
-        src_fh = open(src, "rb")
-    except OSError as exc:
-        raise CheckpointError(f"cannot read {src}: {_os_reason(exc)}") from None
-    with src_fh:
-        try:
-            dst_fh = open(dst, "xb")
-        except OSError as exc:
-            raise _write_error(exc, dst) from None
-        with dst_fh:
-            while True:
-                try:
-                    n = src_fh.readinto(view)
-                except OSError as exc:
-                    raise CheckpointError(f"cannot read {src}: {_os_reason(exc)}") from None
-                if not n:
-                    break
-                try:
-                    dst_fh.write(view[:n])
-                except OSError as exc:
-                    raise _write_error(exc, dst) from None
-                copied += n
-                if on_bytes is not None:
-                    on_bytes(n)
-            try:
-                dst_fh.flush()
-                os.fsync(dst_fh.fileno())
-            except OSError as exc:
-                raise _write_error(exc, dst) from None
-    if expected_size is not None and copied != expected_size:
-        state = "truncated" if copied < expected_size else "changed"
-        raise CheckpointError(
-            f"{src} is {state}: read {copied} bytes, its header describes {expected_size}",
-            hint="was the file modified during the conversion? re-download it and retry",
-        )
-    return copied
-
-
-def write_text_file(path: Path, text: str) -> int:
-    data = text.encode("utf-8")
-    try:
-        with open(path, "xb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-    except OSError as exc:
-        raise _write_error(exc, path) from None
-    return len(data)
-
-
-# --------------------------------------------------------------------------- output directory
-def _existing_ancestor(path: Path) -> Path:
-    path = path.absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
-def check_disk_space(out_dir: Path, needed: int) -> None:
-    """Raise OutOfDiskError unless the disk that will hold ``out_dir`` has ``needed`` bytes free."""
-    where = _existing_ancestor(Path(out_dir).parent)
-    try:
-        free = shutil.disk_usage(where).free
-    except OSError:
-        return
-    if free < needed + DISK_RESERVE:
-        raise OutOfDiskError(
-            f"not enough disk space in {where}: the output needs {human_bytes(needed)}, "
-            f"{human_bytes(free)} free",
-            hint="free some space, or choose an OUT_DIR on a larger disk",
-        )
-
-
-def _is_within(child: Path, parent: Path) -> bool:
-    try:
-        child.relative_to(parent)
-        return True
-    except ValueError:
-        return False
-
-
-def check_output_dir(out_dir: Path, *, force: bool, source: Path | None = None) -> Path:
-    """Check OUT_DIR can be written; return it absolute. Writes nothing.
-
-    Refuses an existing OUT_DIR unless ``force``; always refuses an OUT_DIR that is, holds or
-    lies inside the source checkpoint (the input is never modified).
-    """
-    out = Path(out_dir).expanduser().absolute()
-    if source is not None:
-        src = Path(source).resolve()
-        real_out = out.resolve()
-        if real_out == src or _is_within(real_out, src) or _is_within(src, real_out):
-            raise OutputExistsError(
-                f"OUT_DIR {out} overlaps the input checkpoint {src}; the input is never modified",
-                hint="choose an OUT_DIR outside the input directory",
-            )
-    if out.exists() or out.is_symlink():
-        if not force:
-            kind = "directory" if out.is_dir() else "file"
-            raise OutputExistsError(
-                f"{out} already exists ({kind})",
-                hint="pass --force to replace it, or choose another OUT_DIR",
-            )
-        if not out.is_dir() or out.is_symlink():
-            raise OutputExistsError(
-                f"{out} exists and is not a directory; --force only replaces directories",
-                hint="remove it yourself or choose another OUT_DIR",
-            )
-    ancestor = _existing_ancestor(out.parent)
-    if not ancestor.is_dir():
-        raise OutputExistsError(f"cannot create {out}: {ancestor} is not a directory",
-                                hint="choose another OUT_DIR")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise CheckpointError(f"cannot create {out}: {ancestor} is not writable",
-                              hint="choose an OUT_DIR in a directory you can write to")
-    return out
-
-
-def _remove_tree(path: Path) -> None:
-    if path.is_symlink() or path.is_file():
-        path.unlink(missing_ok=True)
-    elif path.exists():
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def atomic_output_dir(out_dir: Path, *, force: bool = False, source: Path | None = None) -> Iterator[Path]:
-    """Yield a fresh temporary directory beside ``out_dir``; rename it to ``out_dir`` on success.
-
-    On any exception (including KeyboardInterrupt and SystemExit) the temporary directory,
-    and any parent directories created for it, are removed and the exception propagates.
-    With ``force`` an existing ``out_dir`` is replaced only after the new one is complete.
-    """
-    out = check_output_dir(out_dir, force=force, source=source)
-    created: list[Path] = []
-    parent = out.parent
-    missing = []
-    probe = parent
-    while not probe.exists():
-        missing.append(probe)
-        probe = probe.parent
-    tmp: Path | None = None
-    try:
-        for d in reversed(missing):
-            try:
-                d.mkdir()
-            except FileExistsError:
-                continue
-            except OSError as exc:
-                raise _write_error(exc, d) from None
-            created.append(d)
-        tag = secrets.token_hex(4)
-        tmp = parent / f".{out.name}.replayssm-tmp-{tag}"
-        try:
-            tmp.mkdir()
-        except OSError as exc:
-            raise _write_error(exc, tmp) from None
-        yield tmp
-        _commit(tmp, out, force=force, tag=tag)
-        tmp = None
-    finally:
-        if tmp is not None:
-            _remove_tree(tmp)
-            for d in reversed(created):
-                with contextlib.suppress(OSError):
-                    d.rmdir()
-
-
-def _commit(tmp: Path, out: Path, *, force: bool, tag: str) -> None:
-    if not (out.exists() or out.is_symlink()):
-        os.rename(tmp, out)
-        return
-    if not force:
-        raise OutputExistsError(f"{out} appeared while converting", hint="pass --force to replace it")
-    old = out.parent / f".{out.name}.replayssm-old-{tag}"
-    os.rename(out, old)
-    try:
-        os.rename(tmp, out)
-    except BaseException:
-        os.rename(old, out)
-        raise
-    _remove_tree(old)
-
-
-def fsync_dir(path: Path) -> None:
-    """Best effort: make a directory's entries durable."""
-    with contextlib.suppress(OSError, AttributeError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 __all__ = [
-    "NULL_PROGRESS", "Progress", "CONFIG_NAME", "SAFE_INDEX_NAME", "SAFE_WEIGHTS_NAME", "CheckpointScan", "FileEntry", "SafetensorsHeader",
-    "atomic_output_dir", "check_disk_space", "check_output_dir", "copy_file", "dump_config_json", "human_bytes",
-    "fsync_dir", "read_config_json", "read_safetensors_header", "scan_checkpoint", "test_hook", "write_text_file",
+    "CONFIG_NAME", "SAFE_INDEX_NAME", "SAFE_WEIGHTS_NAME", "CheckpointScan", "FileEntry", "SafetensorsHeader",
+    "dump_config_json", "read_config_json", "read_error", "read_safetensors_header", "scan_checkpoint",
 ]
