@@ -79,6 +79,29 @@ def test_state_dtype_change_carries_over():
     assert max_logit_diff(out, ref) < 0.05
 
 
+@pytest.mark.parametrize("switch", ["repatch_buffer_len", "unpatch"])
+def test_a_cache_made_in_inference_mode_carries_over_outside_it(switch):
+    """Generation under torch.inference_mode(), the switch outside it (as a validation does)."""
+    model = tiny("kimi_linear")
+    ids, mask = left_padded_batch(seed=5, batch=3)
+
+    def run(switch_fn):
+        with torch.inference_mode():
+            first = generate(model, ids, mask, max_new_tokens=FIRST, min_new_tokens=FIRST)
+        switch_fn(model)
+        with torch.inference_mode():
+            return _continue(model, first, mask)
+
+    ref = run(lambda m: None)
+    replayssm.patch(model, buffer_len=L)
+    try:
+        out = run(SWITCHES[switch])
+    finally:
+        replayssm.unpatch(model)
+    assert torch.equal(out.sequences, ref.sequences)
+    assert max_logit_diff(out, ref) < 1e-4
+
+
 def _cache_at(model, prompt, steps):
     """A batch-1 cache after prefilling ``prompt`` and decoding the (teacher-forced) ``steps``."""
     cache = transformers.DynamicCache(config=model.config)
