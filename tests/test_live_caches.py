@@ -15,6 +15,7 @@ from replayssm.patches.cache_state import get_buffers
 
 from helpers import generate, left_padded_batch, max_logit_diff, tiny
 
+FIRST, MORE, L = 7, 17, 4  # 7 decode steps with L=4 leave every row with pending entries
 # one family per layer kind: Mamba-2, Gated DeltaNet, Kimi Delta Attention
 KIND_FAMILIES = ["nemotron_h", "qwen3_5", "kimi_linear"]
 SWITCHES = {
@@ -25,7 +26,6 @@ SWITCHES = {
 # the same on CUDA, patched with the Triton backend first; the switch to the other backend takes the
 # Triton interpreter a minute per family on CPU, so it runs on the GPU only
 CUDA_SWITCHES = dict(SWITCHES, repatch_backend=lambda m: replayssm.patch(m, buffer_len=L, backend="torch"))
-FIRST, MORE, L = 7, 17, 4  # 7 decode steps with L=4 leave every row with pending entries
 
 
 def _continue(model, out, mask, device="cpu", **kw):
