@@ -153,6 +153,11 @@ class ReplayMixin:
         state = compat.recurrent_state(layer)
         if buffers is None or state is None:
             return None
+        # a cache made under torch.inference_mode() is folded in it (e.g. by unpatch, outside it)
+        with torch.no_grad(), torch.inference_mode(state.is_inference()):
+            return self._replay_fold_now(layer, buffers, state)
+
+    def _replay_fold_now(self, layer, buffers: ReplayBuffers, state: torch.Tensor) -> torch.Tensor | None:
         if not compat.has_previous_state(layer):
             buffers.clear()
             return None

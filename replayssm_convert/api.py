@@ -64,7 +64,9 @@ def patch(
 
     Raises NoSSMLayersError if the model has no SSM layer, UnsupportedLayerError for a
     selected layer this version cannot rewrite (with ``strict=False`` it is skipped and
-    listed in ``replayssm_report(model)``), ConfigError for invalid options.
+    listed in ``replayssm_report(model)``), ConfigError for invalid options, CacheStateError
+    (changing nothing) when a cache in use holds buffered tokens for rows its recurrent state
+    no longer has (it was edited behind the buffers' back) and so cannot carry over.
     """
     base = config or recorded_config(model) or ReplaySSMConfig()
     overrides = {k: v for k, v in dict(buffer_len=buffer_len, state_dtype=state_dtype, layers=layers,

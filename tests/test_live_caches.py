@@ -15,6 +15,7 @@ from replayssm.patches.cache_state import get_buffers
 
 from helpers import generate, left_padded_batch, max_logit_diff, tiny
 
+FIRST, MORE, L = 7, 17, 4  # 7 decode steps with L=4 leave every row with pending entries
 # one family per layer kind: Mamba-2, Gated DeltaNet, Kimi Delta Attention
 KIND_FAMILIES = ["nemotron_h", "qwen3_5", "kimi_linear"]
 SWITCHES = {
@@ -22,7 +23,9 @@ SWITCHES = {
     "repatch_buffer_len_1": lambda m: replayssm.patch(m, buffer_len=1),
     "unpatch": replayssm.unpatch,
 }
-FIRST, MORE, L = 7, 17, 4  # 7 decode steps with L=4 leave every row with pending entries
+# the same on CUDA, patched with the Triton backend first; the switch to the other backend takes the
+# Triton interpreter a minute per family on CPU, so it runs on the GPU only
+CUDA_SWITCHES = dict(SWITCHES, repatch_backend=lambda m: replayssm.patch(m, buffer_len=L, backend="torch"))
 
 
 def _continue(model, out, mask, device="cpu", **kw):
@@ -77,6 +80,29 @@ def test_state_dtype_change_carries_over():
     finally:
         replayssm.unpatch(model)
     assert max_logit_diff(out, ref) < 0.05
+
+
+@pytest.mark.parametrize("switch", ["repatch_buffer_len", "unpatch"])
+def test_a_cache_made_in_inference_mode_carries_over_outside_it(switch):
+    """Generation under torch.inference_mode(), the switch outside it (as a validation does)."""
+    model = tiny("kimi_linear")
+    ids, mask = left_padded_batch(seed=5, batch=3)
+
+    def run(switch_fn):
+        with torch.inference_mode():
+            first = generate(model, ids, mask, max_new_tokens=FIRST, min_new_tokens=FIRST)
+        switch_fn(model)
+        with torch.inference_mode():
+            return _continue(model, first, mask)
+
+    ref = run(lambda m: None)
+    replayssm.patch(model, buffer_len=L)
+    try:
+        out = run(SWITCHES[switch])
+    finally:
+        replayssm.unpatch(model)
+    assert torch.equal(out.sequences, ref.sequences)
+    assert max_logit_diff(out, ref) < 1e-4
 
 
 def _cache_at(model, prompt, steps):
@@ -242,7 +268,7 @@ def test_generation_continues_exactly_across_repatch_and_unpatch_on_cuda(family)
     ids, mask = left_padded_batch(seed=5, batch=3, device="cuda")
     try:
         ref_first, ref = _two_stage(model, ids, mask, lambda m: None, "cuda")
-        for switch in SWITCHES.values():
+        for switch in CUDA_SWITCHES.values():
             replayssm.patch(model, buffer_len=L, backend="triton")
             try:
                 first, out = _two_stage(model, ids, mask, switch, "cuda")
