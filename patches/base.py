@@ -175,8 +175,7 @@ class ReplayMixin:
             return None
         if buffers.cursor.device != state.device:
             buffers.to(state.device)
-        with _no_autograd(state):
-            return self._replay_materialize(state, buffers)
+        return self._replay_materialize(state, buffers)
 
     def _replay_foldable(self, layer) -> bool:
         buffers = get_buffers(layer)
@@ -250,12 +249,6 @@ class ReplayMixin:
         original = getattr(type(self), "_replayssm_original_class", None)
         module = sys.modules.get(original.__module__) if original is not None else None
         return getattr(module, name, None) if module is not None else None
-
-
-def _no_autograd(state: torch.Tensor):
-    """No autograd while folding a cache outside ``generate()``; inference mode for a cache made in it
-    (its tensors may only be updated in place there)."""
-    return torch.inference_mode() if state.is_inference() else torch.no_grad()
 
 
 def apply_padding_mask(hidden_states: torch.Tensor, attention_mask) -> torch.Tensor:
