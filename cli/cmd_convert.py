@@ -44,6 +44,12 @@ def convert_command(
     backend: str = typer.Option(Backend.AUTO.value, "--backend", metavar=choices(Backend),
                                 callback=option_parser(parse_backend),
                                 help="Kernel backend recorded in the checkpoint."),
+    cuda_graphs: bool = typer.Option(False, "--cuda-graphs/--no-cuda-graphs",
+                                     help="Record that generate() replays each decode step as a CUDA graph "
+                                          "(on CUDA; see README)."),
+    graph_max_len: Optional[int] = typer.Option(None, "--graph-max-len", metavar="N", min=2,
+                                                help="With --cuda-graphs: most cache positions one generate() "
+                                                     "call may use (default: sized per call)."),
     validate: bool = typer.Option(True, "--validate/--no-validate",
                                   help="Load original and converted models and compare their logits and greedy "
                                        "tokens before publishing OUT_DIR."),
@@ -86,7 +92,8 @@ def convert_command(
     with RichProgress(enabled=not json_output) as progress:
         result = convert(
             model, out_dir, buffer_len=buffer_len, state_dtype=state_dtype, layers=layers,
-            strict=not skip_unsupported, backend=backend, validate=validate, device=device,
+            strict=not skip_unsupported, backend=backend, cuda_graphs=cuda_graphs, graph_max_len=graph_max_len,
+            validate=validate, device=device,
             dtype=dtype, dry_run=dry_run, force=force, trust_remote_code=trust_remote_code,
             progress=progress,
         )

@@ -12,6 +12,7 @@ inputs, computes each decode step's output from them, and writes the state once 
 __version__ = "0.1.0"
 
 from .errors import (
+    CacheStateError,
     CacheError,
     CheckpointError,
     ConfigError,
@@ -54,6 +55,7 @@ def __dir__():
 
 __all__ = [
     "SCHEMA_VERSION",
+    "CacheStateError",
     "CacheError",
     "CheckpointError",
     "ConfigError",

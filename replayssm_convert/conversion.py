@@ -175,6 +175,8 @@ def convert(
     layers: str | Iterable[str] | None = None,
     strict: bool = True,
     backend: str = "auto",
+    cuda_graphs: bool = False,
+    graph_max_len: int | None = None,
     validate: bool = True,
     device: str = "auto",
     dtype: str = "auto",
@@ -190,6 +192,8 @@ def convert(
     fails when none is left). ``validate``: load the written checkpoint on ``device`` in
     ``dtype`` and compare the stock and ReplaySSM models before publishing OUT_DIR.
     ``dry_run``: run every check, write nothing. ``force``: replace an existing OUT_DIR.
+    ``cuda_graphs`` / ``graph_max_len`` are recorded for ``replayssm.patch`` of the loaded model
+    (CUDA-graph decoding inside ``generate()``); validation always runs eagerly.
 
     Raises (all ReplaySSMError): ConfigError, ModelSpecError, CheckpointError,
     NoSSMLayersError, UnsupportedLayerError, SchemaVersionError, OutputExistsError,
@@ -200,7 +204,8 @@ def convert(
     progress = progress or NULL_PROGRESS
     # options and paths first: these checks need neither torch nor transformers
     rs_config = ReplaySSMConfig(buffer_len=buffer_len, state_dtype=state_dtype, layers=_layer_patterns(layers),
-                                strict=strict, backend=backend)
+                                strict=strict, backend=backend, cuda_graphs=cuda_graphs,
+                                graph_max_len=graph_max_len)
     if validate:
         parse_device(device)
         parse_model_dtype(dtype)

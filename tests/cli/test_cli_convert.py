@@ -178,3 +178,17 @@ def test_round_trip_convert_from_pretrained_generate(converted, tmp_path):
     with pytest.raises(replayssm.OutputExistsError):
         replayssm.save_pretrained(model, saved)
     shutil.rmtree(saved)
+
+
+def test_cuda_graphs_recorded_in_the_block(capsys, tmp_path):
+    from replayssm.cli.main import main
+
+    args = ["convert", "tiny:qwen3_5", str(tmp_path / "out"), "--dry-run", "--json", "--cuda-graphs",
+            "--graph-max-len", "512"]
+    assert main(args) == 0
+    block = parse_json(capsys.readouterr().out)["replayssm"]
+    assert block["cuda_graphs"] is True and block["graph_max_len"] == 512
+    assert main(args[:-3]) == 0
+    block = parse_json(capsys.readouterr().out)["replayssm"]
+    assert block["cuda_graphs"] is False and block["graph_max_len"] is None
+    assert main(args[:-2] + ["1"]) == 2  # below the minimum: a usage error
