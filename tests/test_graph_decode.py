@@ -149,3 +149,24 @@ def test_config_records_graph_options():
     for bad in (dict(cuda_graphs="yes"), dict(graph_max_len=1), dict(graph_max_len=True)):
         with pytest.raises(replayssm.ConfigError):
             replayssm.ReplaySSMConfig(**bad)
+
+
+def test_two_models_keep_their_own_graphs(cpu_graphs):
+    a, b = tiny("nemotron_h"), tiny("kimi_linear")
+    ids, mask = left_padded_batch(seed=6, batch=2)
+    kw = dict(attention_mask=mask, do_sample=False, pad_token_id=0, max_new_tokens=7, min_new_tokens=7)
+    try:
+        refs = []
+        for model in (a, b):
+            replayssm.patch(model, buffer_len=3)
+            refs.append(model.generate(ids, **kw))
+            replayssm.patch(model, buffer_len=3, cuda_graphs=True)
+        for _ in range(2):  # interleaved calls: each model replays its own graph on its own cache
+            for model, ref in zip((a, b), refs):
+                assert torch.equal(model.generate(ids, **kw), ref)
+        ra, rb = replayssm.graph_report(a), replayssm.graph_report(b)
+        assert len(ra) == len(rb) == 1 and ra[0]["captures"] == rb[0]["captures"] == 1
+        assert graph_decode.GraphDecoder.of(a).slots[0].cache is not graph_decode.GraphDecoder.of(b).slots[0].cache
+    finally:
+        replayssm.unpatch(a)
+        replayssm.unpatch(b)
