@@ -35,8 +35,9 @@ ATTR = "_replayssm_graphs"
 #: cache-layer classes whose decode step reads and writes only device tensors at fixed addresses
 GRAPH_SAFE_LAYERS = frozenset({"StaticLayer", "LinearAttentionLayer", "LinearAttentionAndStaticFullAttentionLayer",
                                "DummyLayer"})
-#: capacity of a pooled cache when no ``max_len`` is set: the call's need rounded up to this
-LEN_BUCKET = 256
+#: capacity of a pooled cache when no ``max_len`` is set: the call's need rounded up to a power of
+#: two, at least this (attention in a static cache reads every position, so capacity costs time)
+MIN_LEN = 64
 #: pooled caches (with their graphs) kept per model; the least recently used goes first
 MAX_SLOTS = 4
 _ASSISTED = ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit", "assistant_tokenizer")
@@ -183,10 +184,6 @@ def _fresh_output(static_output):
     return out
 
 
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
 class GraphDecoder:
     """The CUDA-graph decode of one model (its pooled caches and graphs); see the module notes."""
 
@@ -244,7 +241,6 @@ class GraphDecoder:
         """Drop every pooled cache and graph (their memory returns to PyTorch's allocator)."""
         self.slots.clear()
         self.current = None
-        self.pool = None
 
     def report(self) -> list[dict]:
         return [slot.report() for slot in self.slots]
@@ -329,7 +325,7 @@ class GraphDecoder:
         else:
             from transformers import StaticCache
 
-            max_len = self.max_len or _round_up(need, LEN_BUCKET)
+            max_len = self.max_len or max(MIN_LEN, 1 << (need - 1).bit_length())
             slot = GraphSlot(batch_size=batch, max_len=max_len,
                              cache=StaticCache(config=self.model.config, max_cache_len=max_len))
             self.slots.append(slot)
@@ -366,9 +362,7 @@ class GraphDecoder:
 
     def _capture(self, slot: GraphSlot, kwargs: dict, signature: tuple):
         static_inputs = _static_copy(kwargs)
-        if self.pool is None:
-            self.pool = CudaGraph.new_pool()
-        graph = CudaGraph(self.pool)
+        graph = CudaGraph(CudaGraph.new_pool())  # its own pool: a shared handle dies with the last graph using it
         before = CudaGraph.memory_allocated()
         start = time.perf_counter()
         try:

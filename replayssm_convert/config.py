@@ -217,7 +217,7 @@ class ReplaySSMConfig:
     cuda_graphs: run every decode step of ``generate()`` as a replayed CUDA graph (CUDA only;
         anything the graphs cannot serve falls back to the eager path with a log line).
     graph_max_len: with ``cuda_graphs``, the most cache positions (prompt + new tokens) one call may
-        need; None sizes each pooled cache to the call, rounded up to 256.
+        need; None sizes each pooled cache to the call, rounded up to a power of two (at least 64).
     """
 
     buffer_len: int = DEFAULT_BUFFER_LEN

@@ -73,7 +73,7 @@ def test_graph_decode_equals_eager_patched(family, cpu_graphs):
         assert torch.equal(seq1, eager.sequences) and torch.equal(seq2, eager.sequences)
         (report,) = replayssm.graph_report(model)
         assert report["batch_size"] == 3 and report["captured"] and report["captures"] == 1
-        assert report["max_len"] == 256 and report["fallback"] is None
+        assert report["max_len"] == 64 and report["fallback"] is None
         graph = cpu_graphs[-1]
         decode_steps = kw["max_new_tokens"] - 1  # the first token comes from the prefill
         # first call: step 1 warms up, step 2 is captured (and run), the rest replay; second call: all replay
