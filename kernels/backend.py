@@ -72,8 +72,8 @@ def resolve_backend(requested: str, device: torch.device) -> str:
 
 @functools.lru_cache(maxsize=16)
 def num_sms(device_type: str, index: int | None = None) -> int:
-    """Multiprocessors of a CUDA device; off the GPU (interpreter runs) an H200's 132, so that
-    launch heuristics pick the same shapes as there."""
+    """Multiprocessors of a CUDA device; off the GPU (interpreter runs) 132, so that launch
+    heuristics pick the shapes they pick on a GPU of that size."""
     if device_type == "cuda":
         return torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()
                                                 ).multi_processor_count
