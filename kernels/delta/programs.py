@@ -376,23 +376,31 @@ def _flush_rows(t, sc, io, row0, n_rows, BB: tl.constexpr, PDL: tl.constexpr, OU
 
 
 @triton.jit
+def _flush_item(w, per_row, csum, row0, NV, HEAD_ITEMS: tl.constexpr):
+    """(row, value head, first column block) of flush work item ``w`` (``per_row`` items a row)."""
+    rank = w // per_row
+    rem = w - rank * per_row
+    if HEAD_ITEMS:
+        h = rem
+        i_v0 = rem * 0
+    else:
+        h = rem // NV
+        i_v0 = rem - h * NV
+    return nth_flush_row(csum, rank, row0), h, i_v0
+
+
+@triton.jit
 def flush_kernel(t, sc, io, lay, row0, n_rows, NV, KDA: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
                  BV: tl.constexpr, LP: tl.constexpr, BB: tl.constexpr, DOT_PREC: tl.constexpr,
                  BF16_SPLIT: tl.constexpr, HEAD_ITEMS: tl.constexpr, OUTPUT: tl.constexpr, PREFETCH: tl.constexpr,
                  PDL: tl.constexpr):
-    """Persistent: the programs share the work items of the flush rows of ``row0 .. row0 + n_rows - 1``
-    (a step without flush rows costs one small load per program). An item is a (flush row, value
-    head, column block), or with HEAD_ITEMS a (flush row, value head) whose column blocks the
-    program walks (ring keys and KDA's decay weights then computed once per head). Each rebuilds
-    ``A`` from the checkpoint and the ring with a matrix product and stores ``A + k_c u_c^T``.
-
-    BF16_SPLIT: three bf16 products, the operand exact in bf16 against a hi/mid/lo split of the
-    decay-weighted one (GDN splits the weighted u's, KDA the weighted keys), instead of a
-    ``DOT_PREC`` product of fp32 operands. OUTPUT (NK == 1): the flush rows' step is computed here
-    (``r``, ``u_c``, ``o`` from each column block's ``A``), so a flush step reads the checkpoint
-    once; otherwise ``u_c`` comes from the ``uf`` scratch. PREFETCH: each column block's checkpoint
-    tile is loaded one block ahead. PDL: a programmatic dependent of the output launch; with
-    OUTPUT only the cursor copy waits for it."""
+    """Persistent: the programs share the work items of the flush rows of ``row0 .. row0 + n_rows - 1``:
+    (row, value head, column block), or with HEAD_ITEMS (row, value head) walking its column blocks.
+    Each rebuilds ``A`` (a matrix product of the decay-weighted ring) and stores ``A + k_c u_c^T``.
+    BF16_SPLIT: three bf16 products against a hi/mid/lo split of the weighted operand (GDN's u's,
+    KDA's keys) instead of a ``DOT_PREC`` product. OUTPUT (NK == 1): the flush rows' step computed
+    here (the checkpoint read once); else ``u_c`` from the ``uf`` scratch. PREFETCH: the next column
+    block's checkpoint tile loaded a block ahead. PDL: a dependent of the output launch."""
     if PDL and not OUTPUT:
         gdc_wait()
     csum, n_flush = _flush_rows(t, sc, io, row0, n_rows, BB, PDL, OUTPUT)
@@ -402,15 +410,7 @@ def flush_kernel(t, sc, io, lay, row0, n_rows, NV, KDA: tl.constexpr, BK: tl.con
     offs_l = tl.arange(0, LP)
     ml = offs_l < lay.L - 1  # the L - 1 buffered entries
     for w in range(tl.program_id(0), total, tl.num_programs(0)):
-        rank = w // per_row
-        rem = w - rank * per_row
-        if HEAD_ITEMS:
-            h = rem
-            i_v0 = rem * 0
-        else:
-            h = rem // NV
-            i_v0 = rem - h * NV
-        b = nth_flush_row(csum, rank, row0)
+        b, h, i_v0 = _flush_item(w, per_row, csum, row0, NV, HEAD_ITEMS)
         hk = h // lay.GROUP
         i_bh = b * lay.HV + h
         v_end = tl.minimum((i_v0 + n_cols) * BV, lay.V)  # end of this item's value columns

@@ -21,6 +21,61 @@ from .gates import previous_gate_sum
 
 
 @triton.jit
+def _decayed_ring(kb_base, ub_base, gb_base, offs_k, mk, offs_v, mv, offs_l, ml, cc, gv, gc, lay, KDA: tl.constexpr):
+    """The ring's entries ``j < c`` with their decays: (keys^T (BK, LP), u's (LP, BV), ``G_c`` (BK,)); KDA
+    weights the keys by ``exp(G_c - G_j)`` per channel, Gated DeltaNet the u's by its scalar decays."""
+    ub = tl.load(ub_base + offs_l[:, None] * lay.u_l + offs_v[None, :] * lay.u_v,
+                 mask=ml[:, None] & mv[None, :], other=0.0).to(tl.float32)  # (LP, BV)
+    kw = tl.load(kb_base + offs_k[:, None] * lay.kb_k + offs_l[None, :] * lay.kb_l,
+                 mask=mk[:, None] & ml[None, :], other=0.0).to(tl.float32)  # (BK, LP) keys^T
+    if KDA:  # the gate ring holds the running sums G_j
+        rhs = ub
+        gcum = tl.load(gb_base + offs_k[:, None] * lay.gb_k + offs_l[None, :] * lay.gb_l,
+                       mask=mk[:, None] & ml[None, :], other=0.0).to(tl.float32)  # (BK, LP)
+        gt = previous_gate_sum(gb_base, lay.gb_l, lay.gb_k, offs_k, mk, cc) + gv  # G_c per key channel
+        kw = kw * tl.exp(gt[:, None] - gcum)
+    else:
+        gh = tl.load(gb_base + offs_l * lay.gb_l, mask=ml, other=0.0).to(tl.float32)  # (LP,)
+        gcum = tl.cumsum(gh, axis=0)
+        gtot = tl.sum(gh, axis=0) + gc
+        w = tl.where(ml, tl.exp(gtot - gcum), 0.0)
+        rhs = ub * w[:, None]  # decay-weighted u's
+        gt = tl.zeros_like(gv) + gtot
+    return kw, rhs, gt
+
+
+@triton.jit
+def _rebuilt_history(acc, gt, kb_base, ub_base, gb_base, offs_k, mk, offs_v, mv, lay, KDA: tl.constexpr,
+                     BK: tl.constexpr):
+    """A flush row's history ``A`` (BK, BV): ``acc`` (the decayed checkpoint tile) plus fp32 rank-1
+    updates over the L - 1 buffered entries, re-read one by one (few registers: this branch sets
+    the occupancy of every step)."""
+    gcum_j = tl.zeros([BK], dtype=tl.float32)
+    for j in range(0, lay.L - 1):
+        kj = tl.load(kb_base + j * lay.kb_l + offs_k * lay.kb_k, mask=mk, other=0.0).to(tl.float32)
+        uj = tl.load(ub_base + j * lay.u_l + offs_v * lay.u_v, mask=mv, other=0.0).to(tl.float32)
+        if KDA:  # G_j itself
+            gcum_j = tl.load(gb_base + j * lay.gb_l + offs_k * lay.gb_k, mask=mk, other=0.0).to(tl.float32)
+        else:
+            gcum_j += tl.load(gb_base + j * lay.gb_l).to(tl.float32)
+        acc += (kj * tl.exp(gt - gcum_j))[:, None] * uj[None, :]
+    return acc
+
+
+@triton.jit
+def _append_entry(cc, kv, gt, gc, u, kb_base, gb_base, ub_base, offs_k, offs_v, k_lim_kbuf, k_lim_gbuf, v_lim_append,
+                  t, lay, KDA: tl.constexpr):
+    """Append ``(u_c, k_c, g_c)`` at slot ``cc`` (KDA: the running sum ``G_c``) where the bounds allow."""
+    tl.store(kb_base + cc * lay.kb_l + offs_k * lay.kb_k, kv.to(t.k_buf.dtype.element_ty), mask=offs_k < k_lim_kbuf)
+    if KDA:  # G_c
+        tl.store(gb_base + cc * lay.gb_l + offs_k * lay.gb_k, gt.to(t.g_buf.dtype.element_ty),
+                 mask=offs_k < k_lim_gbuf)
+    else:
+        tl.store(gb_base + cc * lay.gb_l, gc.to(t.g_buf.dtype.element_ty), mask=k_lim_gbuf > 0)
+    tl.store(ub_base + cc * lay.u_l + offs_v * lay.u_v, u.to(t.u_buf.dtype.element_ty), mask=offs_v < v_lim_append)
+
+
+@triton.jit
 def small_batch_kernel(t, io, lay, NV, KDA: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr,
                        WRITE_IDLE: tl.constexpr, ARRIVE: tl.constexpr):
     """ARRIVE 1: the arrival's atomic reads the cursor (one trip, before anything else); 2: a load
@@ -83,23 +138,7 @@ def small_batch_kernel(t, io, lay, NV, KDA: tl.constexpr, BK: tl.constexpr, BV: 
     vv = tl.load(t.v + b * io.v_b + h * io.v_h + offs_v * io.v_v, mask=mv_act, other=0.0).to(tl.float32)
     beta = tl.load(t.beta + b * io.beta_b + h * io.beta_h, mask=active, other=0.0).to(tl.float32)
 
-    ub = tl.load(ub_base + offs_l[:, None] * lay.u_l + offs_v[None, :] * lay.u_v,
-                 mask=ml[:, None] & mv[None, :], other=0.0).to(tl.float32)  # (LP, BV)
-    kw = tl.load(kb_base + offs_k[:, None] * lay.kb_k + offs_l[None, :] * lay.kb_l,
-                 mask=mk[:, None] & ml[None, :], other=0.0).to(tl.float32)  # (BK, LP) keys^T
-    if KDA:  # the gate ring holds the running sums G_j
-        rhs = ub
-        gcum = tl.load(gb_base + offs_k[:, None] * lay.gb_k + offs_l[None, :] * lay.gb_l,
-                       mask=mk[:, None] & ml[None, :], other=0.0).to(tl.float32)  # (BK, LP)
-        gt = previous_gate_sum(gb_base, lay.gb_l, lay.gb_k, offs_k, mk, cc) + gv  # G_c per key channel
-        kw = kw * tl.exp(gt[:, None] - gcum)
-    else:
-        gh = tl.load(gb_base + offs_l * lay.gb_l, mask=ml, other=0.0).to(tl.float32)  # (LP,)
-        gcum = tl.cumsum(gh, axis=0)
-        gtot = tl.sum(gh, axis=0) + gc
-        w = tl.where(ml, tl.exp(gtot - gcum), 0.0)
-        rhs = ub * w[:, None]  # decay-weighted u's
-        gt = tl.zeros_like(gv) + gtot
+    kw, rhs, gt = _decayed_ring(kb_base, ub_base, gb_base, offs_k, mk, offs_v, mv, offs_l, ml, cc, gv, gc, lay, KDA)
     dvec = tl.exp(gt)
     kq = tl.sum(kv * qv, axis=0)
     if ARRIVE == 2:
@@ -108,18 +147,8 @@ def small_batch_kernel(t, io, lay, NV, KDA: tl.constexpr, BK: tl.constexpr, BV: 
         arrived = count_arrival(t.cursor + b * io.cur, c, "relaxed")
 
     if flush:
-        # fp32 rank-1 updates over the L - 1 buffered entries (few registers: this branch
-        # sets the occupancy of every step)
-        acc = s0 * dvec[:, None]
-        gcum_j = tl.zeros([BK], dtype=tl.float32)
-        for j in range(0, lay.L - 1):
-            kj = tl.load(kb_base + j * lay.kb_l + offs_k * lay.kb_k, mask=mk, other=0.0).to(tl.float32)
-            uj = tl.load(ub_base + j * lay.u_l + offs_v * lay.u_v, mask=mv, other=0.0).to(tl.float32)
-            if KDA:  # G_j itself
-                gcum_j = tl.load(gb_base + j * lay.gb_l + offs_k * lay.gb_k, mask=mk, other=0.0).to(tl.float32)
-            else:
-                gcum_j += tl.load(gb_base + j * lay.gb_l).to(tl.float32)
-            acc += (kj * tl.exp(gt - gcum_j))[:, None] * uj[None, :]
+        acc = _rebuilt_history(s0 * dvec[:, None], gt, kb_base, ub_base, gb_base, offs_k, mk, offs_v, mv, lay, KDA,
+                               BK)
         r = tl.sum(acc * kv[:, None], axis=0)
         hq = tl.sum(acc * qv[:, None], axis=0)
         u = beta * (vv - r)
@@ -133,13 +162,8 @@ def small_batch_kernel(t, io, lay, NV, KDA: tl.constexpr, BK: tl.constexpr, BV: 
         hq = tl.sum(s0 * (dvec * qv)[:, None], axis=0) + tl.sum(aq[:, None] * rhs, axis=0)
         u = beta * (vv - r)
         o = hq + kq * u
-    tl.store(kb_base + cc * lay.kb_l + offs_k * lay.kb_k, kv.to(t.k_buf.dtype.element_ty), mask=offs_k < k_lim_kbuf)
-    if KDA:  # G_c
-        tl.store(gb_base + cc * lay.gb_l + offs_k * lay.gb_k, gt.to(t.g_buf.dtype.element_ty),
-                 mask=offs_k < k_lim_gbuf)
-    else:
-        tl.store(gb_base + cc * lay.gb_l, gc.to(t.g_buf.dtype.element_ty), mask=k_lim_gbuf > 0)
-    tl.store(ub_base + cc * lay.u_l + offs_v * lay.u_v, u.to(t.u_buf.dtype.element_ty), mask=offs_v < v_lim_append)
+    _append_entry(cc, kv, gt, gc, u, kb_base, gb_base, ub_base, offs_k, offs_v, k_lim_kbuf, k_lim_gbuf, v_lim_append,
+                  t, lay, KDA)
     if WRITE_IDLE:
         o = tl.where(active, o, 0.0)
         o_mask = mv
