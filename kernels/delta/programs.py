@@ -254,6 +254,16 @@ def _append_entry(b, h, c, i_v, u, offs_v, mv, t, io, lay, KDA: tl.constexpr, BK
 
 
 @triton.jit
+def head_block(NV, lay):
+    """(column block, row x value head, row (int64), value head, key head) of a program that owns one
+    block of value columns of one (row, value head)."""
+    pid = tl.program_id(0)
+    i_bh = pid // NV
+    h = i_bh % lay.HV
+    return pid % NV, i_bh, (i_bh // lay.HV).to(tl.int64), h, h // lay.GROUP
+
+
+@triton.jit
 def output_kernel(t, sc, io, lay, NV: tl.constexpr, KDA: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr,
                   LP: tl.constexpr, WRITE_IDLE: tl.constexpr, X_FROM_KEYS: tl.constexpr, PDL: tl.constexpr,
                   SKIP_FLUSH_ROWS: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr):
@@ -268,11 +278,7 @@ def output_kernel(t, sc, io, lay, NV: tl.constexpr, KDA: tl.constexpr, BK: tl.co
     flush launch start now."""
     if LAUNCH_DEPENDENTS:
         gdc_launch_dependents()
-    pid = tl.program_id(0)
-    i_v = pid % NV
-    i_bh = pid // NV
-    b = (i_bh // lay.HV).to(tl.int64)
-    h = i_bh % lay.HV
+    i_v, i_bh, b, h, _ = head_block(NV, lay)
     offs_v = i_v * BV + tl.arange(0, BV)
     mv = offs_v < lay.V
     o_base = t.out + b * io.out_b + h * io.out_h + offs_v * io.out_v

@@ -18,6 +18,7 @@ import triton.language as tl
 
 from ..cursor import advanced_cursor, arrive_on_cursor, count_arrival, cursor_of_word
 from .gates import previous_gate_sum
+from .programs import head_block
 
 
 @triton.jit
@@ -81,12 +82,7 @@ def small_batch_kernel(t, io, lay, NV, KDA: tl.constexpr, BK: tl.constexpr, BV: 
     """ARRIVE 1: the arrival's atomic reads the cursor (one trip, before anything else); 2: a load
     reads it and the arrival follows once the ring loads that depend on it are issued (after a
     CTA barrier, so every thread's read has returned); 0: no arrival (a second launch advances)."""
-    pid = tl.program_id(0)
-    i_v = pid % NV
-    i_bh = pid // NV
-    b = (i_bh // lay.HV).to(tl.int64)
-    h = i_bh % lay.HV
-    hk = h // lay.GROUP
+    i_v, i_bh, b, h, hk = head_block(NV, lay)
 
     if ARRIVE == 1:
         c, arrived = arrive_on_cursor(t.cursor + b * io.cur, "relaxed")

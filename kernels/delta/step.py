@@ -7,18 +7,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .programs import head_block
+
 
 @triton.jit
 def step_kernel(t, io, lay, NV, KDA: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """One program per (row, value head, block of BV value columns) with the whole key dim: load the
     state tile, decay it, ``r = S^T k``, ``u = beta (v - r)``, ``S += k u^T``, ``o = S^T q``, store
     the state tile. The state is read and written every step."""
-    pid = tl.program_id(0)
-    i_v = pid % NV
-    i_bh = pid // NV
-    b = (i_bh // lay.HV).to(tl.int64)
-    h = i_bh % lay.HV
-    hk = h // lay.GROUP
+    i_v, i_bh, b, h, hk = head_block(NV, lay)
 
     offs_k = tl.arange(0, BK)
     offs_v = i_v * BV + tl.arange(0, BV)
