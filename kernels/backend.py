@@ -93,3 +93,11 @@ def dependent_launch_supported(device_type: str, index: int | None = None) -> bo
         return False
     cap = torch.cuda.get_device_capability(index if index is not None else torch.cuda.current_device())
     return cap[0] >= 9
+
+
+def compiled_in(values: tuple) -> tuple:
+    """The same named tuple with every value a ``tl.constexpr``: how a kernel takes a tuple of
+    compile-time constants (its fields then read as constants inside the kernel)."""
+    import triton.language as tl
+
+    return type(values)(*(tl.constexpr(v) for v in values))

@@ -6,24 +6,17 @@ from __future__ import annotations
 
 import torch
 import triton
-import triton.language as tl
 
-from ..backend import dependent_launch_supported, num_sms, triton_interpreter_on
+from ..backend import compiled_in, dependent_launch_supported, num_sms, triton_interpreter_on
 from ..cursor import advance_cursor_triton, cursor_word_counts_arrivals
 from ..persistent import flush_row_chunks
 from .config import LaunchConfig, default_config
 from .programs import IoStrides, Layout, Scratch, Tensors, coef_kernel, flush_kernel, gdn_coef_kernel, output_kernel
-from .reference import _check_shapes
+from .reference import check_shapes
 from .small_batch import small_batch_kernel
 from .step import step_kernel
 
 __all__ = ["delta_replay_decode_triton", "delta_step_decode_triton"]
-
-
-def compiled_in(values: tuple) -> tuple:
-    """The same named tuple with every value a ``tl.constexpr`` (how Triton takes a tuple of
-    compile-time constants: their fields then read as constants inside the kernel)."""
-    return type(values)(*(tl.constexpr(v) for v in values))
 
 
 def _io_strides(q, k, v, g, beta, out, cursor_stride: int) -> IoStrides:
@@ -39,7 +32,7 @@ def delta_replay_decode_triton(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cur
     ``write_idle``: store zeros for idle rows (default: ``out is None``). ``config``: the launch
     knobs (default: ``default_config``).
     """
-    Bt, HV, Hk, L, K, V = _check_shapes(q, k, v, g, beta, state, u_buf, k_buf, g_buf)
+    Bt, HV, Hk, L, K, V = check_shapes(q, k, v, g, beta, state, u_buf, k_buf, g_buf)
     if cursor.dtype != torch.int32 or tuple(cursor.shape) != (Bt,):
         raise ValueError("cursor must be a (Bt,) int32 tensor")
     kda = g.dim() == 3

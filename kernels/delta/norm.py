@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .reference import _check_qk_shapes
+from .reference import check_qk_shapes
 
 __all__ = ["l2norm_qk_triton"]
 
@@ -45,7 +45,7 @@ def _l2norm_qk_kernel(
 
 def l2norm_qk_triton(q: torch.Tensor, k: torch.Tensor, q_scale: float, eps: float = 1e-6):
     """q, k (Bt, H, K), any float dtype and strides -> (q_n, k_n), contiguous fp32 (Bt, H, K)."""
-    _check_qk_shapes(q, k)
+    check_qk_shapes(q, k)
     Bt, H, K = q.shape
     qo = torch.empty(Bt, H, K, dtype=torch.float32, device=q.device)
     ko = torch.empty_like(qo)

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import torch
 import triton
-import triton.language as tl
 
-from ..backend import num_sms, triton_interpreter_on
+from ..backend import compiled_in, num_sms, triton_interpreter_on
 from ..persistent import FLUSH_ROWS
 from .config import LaunchConfig, StepConfig, default_config, pow2, program_split, step_config
 from .programs import Flags, IoStrides, Layout, Tensors, replay_kernel, replay_kernel_dyn
@@ -56,12 +55,6 @@ def _check(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, out):
     if out is not None and out.shape != (Bt, H, P):
         raise ValueError("out must be (B, H, P)")
     return Bt, H, P, N, G, L
-
-
-def compiled_in(values: tuple) -> tuple:
-    """The same named tuple with every value a ``tl.constexpr`` (how Triton takes a tuple of
-    compile-time constants: their fields then read as constants inside the kernel)."""
-    return type(values)(*(tl.constexpr(v) for v in values))
 
 
 def uses_lowp_dot(state_dtype: torch.dtype, x_buf_dtype: torch.dtype, B_buf_dtype: torch.dtype) -> bool:
