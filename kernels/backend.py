@@ -72,8 +72,8 @@ def resolve_backend(requested: str, device: torch.device) -> str:
 
 @functools.lru_cache(maxsize=16)
 def num_sms(device_type: str, index: int | None = None) -> int:
-    """Multiprocessors of a CUDA device; off the GPU (interpreter runs) an H200's 132, so that
-    launch heuristics pick the same shapes as there."""
+    """Multiprocessors of a CUDA device; off the GPU (interpreter runs) 132, so that launch
+    heuristics pick the shapes they pick on a GPU of that size."""
     if device_type == "cuda":
         return torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()
                                                 ).multi_processor_count
@@ -93,3 +93,11 @@ def dependent_launch_supported(device_type: str, index: int | None = None) -> bo
         return False
     cap = torch.cuda.get_device_capability(index if index is not None else torch.cuda.current_device())
     return cap[0] >= 9
+
+
+def compiled_in(values: tuple) -> tuple:
+    """The same named tuple with every value a ``tl.constexpr``: how a kernel takes a tuple of
+    compile-time constants (its fields then read as constants inside the kernel)."""
+    import triton.language as tl
+
+    return type(values)(*(tl.constexpr(v) for v in values))

@@ -1,19 +1,17 @@
-"""The per-row replay cursor's advance, shared by the Mamba-2 and delta-rule kernels.
+"""The per-row replay cursor's advance, used by the delta-rule kernels.
 
 After a decode step every active row's cursor moves to ``(c + 1) % L``; rows with a negative
-cursor are idle and keep theirs. The kernels that advance it inside another launch call
+cursor are idle and keep theirs. Kernels that advance it inside another launch call
 ``advanced_cursor``; ``advance_cursor_triton`` is the stand-alone launch.
 
-A launch whose programs must all read a row's cursor before one of them advances it can
-count arrivals on the cursor word itself: each program adds ``ARRIVAL_UNIT`` with an atomic
-and the row's last program to arrive stores the next cursor, which also clears the count;
-between launches the word is the plain cursor, and during one its low byte still is
-(``cursor_of_word``). Either the atomic reads the cursor (``arrive_on_cursor``: one trip to
-memory, but every program waits for its turn at the word before it can start) or a plain
-load reads it and the arrival (``count_arrival``) comes later, off the critical path, and
-hits the line the load brought into the L2 (unlike a separate counter, which is a second
-trip to memory when cold). Needs int32 cursors in ``[-128, 127]`` (``L <= 127``; -1 marks an
-idle row).
+A launch whose programs must all read a row's cursor before one of them advances it can count
+arrivals on the cursor word itself: each program adds ``ARRIVAL_UNIT`` with an atomic and the
+row's last program to arrive stores the next cursor, which also clears the count; between
+launches the word is the plain cursor, and during one its low byte still is (``cursor_of_word``).
+Either the atomic reads the cursor (``arrive_on_cursor``: one trip to memory, but every program
+waits for its turn at the word before it can start) or a plain load reads it and the arrival
+(``count_arrival``) comes later, off the critical path, and hits the line the load brought into
+the L2. Needs int32 cursors in ``[-128, 127]`` (``L <= 127``; -1 marks an idle row).
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""Finding the rows that flush this step on the device: shared pieces of the persistent flush
-launches (Mamba-2 ``route="split"``, delta rule) and of the Mamba-2 flush-first program order
-(``flush_first_row``).
+"""Finding the rows that flush this step on the device: shared pieces of the delta-rule persistent
+flush launch and of the Mamba-2 flush-first program order (``flush_first_row``).
 
 A persistent flush launch runs a few programs per multiprocessor that share the work items
 of the rows flushing this step (``cursor == L - 1``). The rows are found on the device:

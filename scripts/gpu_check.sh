@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Runs the GPU tests and the benchmarks in one call on a CUDA machine.
-#   bash scripts/gpu_check.sh            # everything
-#   SKIP_BENCH=1 bash scripts/gpu_check.sh   # tests only
-#   GPU_TEST_WORKERS=12 ...                  # test processes when pytest-xdist is installed (default 8)
-# Results land in ${OUT:-results}/ (logs, benchmark tables).
+# Runs the GPU tests and the kernel benchmark in one call on a CUDA machine.
+#   bash scripts/gpu_check.sh                 # everything
+#   SKIP_BENCH=1 bash scripts/gpu_check.sh    # tests only
+#   BENCH_ARGS="--baseline-tree /tmp/old/kernels" bash scripts/gpu_check.sh   # extra benchmark options
+#   GPU_TEST_WORKERS=12 ...                   # test processes when pytest-xdist is installed (default 8)
+# Logs and benchmark tables land in ${OUT:-out/gpu_check}/ (git-ignored).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT_DIR="${OUT:-examples/benchmarks/results/latest}"
+OUT_DIR="${OUT:-out/gpu_check}"
 mkdir -p "$OUT_DIR"
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT_DIR/install.log" 2>&1 || { cat "$OUT_DIR/install.log"; exit 1; }
@@ -15,16 +16,12 @@ if compgen -G ".whl/*.whl" >/dev/null; then python3 -m pip install -q --no-deps 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT_DIR/gpu.txt"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT_DIR/gpu.txt"
 rc=0
-# several test processes on the one GPU when pytest-xdist is there (compiles dominate; 100 Mamba-2 and
-# patched-model GPU tests took 236 s with 12 workers on the H200)
+# several test processes on the one GPU when pytest-xdist is there (compiles dominate)
 WORKERS=""
 if python3 -c "import xdist" >/dev/null 2>&1; then WORKERS="-n ${GPU_TEST_WORKERS:-8}"; fi
 python3 -m pytest -m gpu -q -x $WORKERS ${PYTEST_ARGS:-} tests 2>&1 | tee "$OUT_DIR/gpu_tests.log" || rc=1
 if [ -z "${SKIP_BENCH:-}" ]; then
-  for b in examples/benchmarks/bench_*.py; do
-    [ -e "$b" ] || continue
-    python3 "$b" --out "$OUT_DIR" ${BENCH_ARGS:-} 2>&1 | tee "$OUT_DIR/$(basename "$b" .py).log" || rc=1
-  done
+  python3 examples/benchmarks/bench_kernels.py --out "$OUT_DIR" ${BENCH_ARGS:-} 2>&1 | tee "$OUT_DIR/bench_kernels.log" || rc=1
   # whole-model generate() step, stock / eager / CUDA graphs (BENCH_PRESETS="" skips it)
   for p in ${BENCH_PRESETS-nemotron3-nano-like qwen3.5-4b-like kimi-linear-like}; do
     python3 -m replayssm.cli bench --preset "$p" --json "$OUT_DIR/bench_$p.json" --plot "$OUT_DIR/bench_$p.png" 2>&1 \

@@ -50,7 +50,7 @@ def delta_replay_decode(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, ou
     if _compiling():
         return _ops.replay_decode_via_op(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, backend)
     if resolve_backend(backend, v.device) == "triton":
-        from .triton_decode import delta_replay_decode_triton
+        from .launch import delta_replay_decode_triton
 
         return delta_replay_decode_triton(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out)
     return delta_replay_decode_reference(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out)
@@ -61,7 +61,7 @@ def l2norm_qk(q, k, q_scale: float, eps: float = 1e-6, *, backend: str = "auto")
     Triton backend (see ``l2norm_qk_reference``). Under ``torch.compile`` the PyTorch
     reference, which the compiler fuses itself."""
     if not _compiling() and resolve_backend(backend, q.device) == "triton":
-        from .triton_norm import l2norm_qk_triton
+        from .norm import l2norm_qk_triton
 
         return l2norm_qk_triton(q, k, q_scale, eps)
     return l2norm_qk_reference(q, k, q_scale, eps)
@@ -72,7 +72,7 @@ def delta_step_decode(q, k, v, g, beta, state, *, backend: str = "auto") -> torc
     if _compiling():
         return _ops.step_decode_via_op(q, k, v, g, beta, state, backend)
     if resolve_backend(backend, v.device) == "triton":
-        from .triton_step import delta_step_decode_triton
+        from .launch import delta_step_decode_triton
 
         return delta_step_decode_triton(q, k, v, g, beta, state)
     return delta_step_decode_reference(q, k, v, g, beta, state)

@@ -41,7 +41,7 @@ def _delta_replay_decode_op(
     backend: str,
 ) -> None:
     if resolve_backend(backend, v.device) == "triton":
-        from .triton_decode import delta_replay_decode_triton
+        from .launch import delta_replay_decode_triton
 
         delta_replay_decode_triton(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, write_idle=write_idle)
     elif write_idle:
@@ -66,7 +66,7 @@ def _delta_step_decode_op(
     backend: str,
 ) -> torch.Tensor:
     if resolve_backend(backend, v.device) == "triton":
-        from .triton_step import delta_step_decode_triton
+        from .launch import delta_step_decode_triton
 
         return delta_step_decode_triton(q, k, v, g, beta, state)
     return delta_step_decode_reference(q, k, v, g, beta, state)

@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 
-def _check_qk_shapes(q: torch.Tensor, k: torch.Tensor) -> None:
+def check_qk_shapes(q: torch.Tensor, k: torch.Tensor) -> None:
     """ValueError unless q and k are both (Bt, H, K)."""
     if q.shape != k.shape or q.dim() != 3:
         raise ValueError(f"q and k must both be (Bt, H, K), got {tuple(q.shape)} and {tuple(k.shape)}")
@@ -63,7 +63,7 @@ def _check_qk_shapes(q: torch.Tensor, k: torch.Tensor) -> None:
 def l2norm_qk_reference(q: torch.Tensor, k: torch.Tensor, q_scale: float, eps: float = 1e-6):
     """q, k (Bt, H, K), any float dtype -> (q_n, k_n) fp32 (Bt, H, K): each vector times
     ``rsqrt(sum(x^2) + eps)`` in fp32 (Hugging Face's ``l2norm``), q then times ``q_scale``."""
-    _check_qk_shapes(q, k)
+    check_qk_shapes(q, k)
 
     def norm(x):
         x = x.float()
@@ -72,7 +72,8 @@ def l2norm_qk_reference(q: torch.Tensor, k: torch.Tensor, q_scale: float, eps: f
     return norm(q) * q_scale, norm(k)
 
 
-def _check_shapes(q, k, v, g, beta, state, u_buf, k_buf, g_buf):
+def check_shapes(q, k, v, g, beta, state, u_buf, k_buf, g_buf):
+    """(Bt, HV, Hk, L, K, V) of a replay step's tensors; ValueError when they disagree."""
     Bt, HV, L, V = u_buf.shape
     Hk, K = k_buf.shape[1], k_buf.shape[3]
     if HV % Hk != 0:
@@ -172,7 +173,7 @@ def delta_replay_decode_reference(
         o (Bt, HV, V) in ``v.dtype`` (``out`` if given; idle rows are zero when ``out`` is
         None).
     """
-    Bt, HV, Hk, L, K, V = _check_shapes(q, k, v, g, beta, state, u_buf, k_buf, g_buf)
+    Bt, HV, Hk, L, K, V = check_shapes(q, k, v, g, beta, state, u_buf, k_buf, g_buf)
     grp = HV // Hk
     kda = g.dim() == 3
     active = cursor >= 0

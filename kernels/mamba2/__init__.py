@@ -32,7 +32,7 @@ def mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt
                          dt_softplus=True, out=None, arrivals=None, *, backend: str = "auto") -> torch.Tensor:
     """One ReplaySSM decode step; see ``mamba2_replay_decode_reference`` for shapes."""
     if resolve_backend(backend, x.device) == "triton":
-        from .triton_decode import mamba2_replay_decode_triton
+        from .ops import mamba2_replay_decode_triton
 
         return mamba2_replay_decode_triton(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z,
                                            dt_softplus, out, arrivals)
@@ -44,7 +44,7 @@ def mamba2_step_decode(x, dt, B, C, state, A, dt_bias=None, D=None, z=None, dt_s
                        backend: str = "auto") -> torch.Tensor:
     """The ordinary per-step recurrence (baseline); see ``mamba2_step_decode_reference``."""
     if resolve_backend(backend, x.device) == "triton":
-        from .triton_step import mamba2_step_decode_triton
+        from .ops import mamba2_step_decode_triton
 
         return mamba2_step_decode_triton(x, dt, B, C, state, A, dt_bias, D, z, dt_softplus)
     return mamba2_step_decode_reference(x, dt, B, C, state, A, dt_bias, D, z, dt_softplus)

@@ -1,9 +1,9 @@
-"""PyTorch custom operators around the Mamba-2 Triton decode kernels.
+"""PyTorch custom operators around the Mamba-2 Triton kernels, and the Triton entry points.
 
-``torch.ops.replayssm.mamba2_replay_decode`` and ``torch.ops.replayssm.mamba2_step_decode``
-are opaque, in-place operators: they return nothing and write ``out`` and the declared
-mutated arguments. ``torch.compile(fullgraph=True)`` traces them without graph breaks and
-the fake (meta) implementations let it propagate shapes without running a kernel.
+``torch.ops.replayssm.mamba2_replay_decode`` and ``torch.ops.replayssm.mamba2_step_decode`` are
+opaque, in-place operators: they return nothing and write ``out`` and the declared mutated
+arguments, so ``torch.compile(fullgraph=True)`` traces a call as one node (the fake
+implementations give it the shapes without running a kernel).
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from typing import Optional
 
 import torch
 
-__all__ = ["replay_decode_op", "step_decode_op"]
+from .launch import launch_replay, launch_step
+
+__all__ = ["mamba2_replay_decode_triton", "mamba2_step_decode_triton", "replay_decode_op", "step_decode_op"]
 
 
 @torch.library.custom_op(
@@ -39,10 +41,8 @@ def replay_decode_op(
     arrivals: Optional[torch.Tensor],
 ) -> None:
     """One ReplaySSM decode step written into ``out`` (idle rows: zeros if ``zero_idle``, else untouched)."""
-    from .triton_decode import launch_mamba2_replay_decode
-
-    launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, dt_softplus,
-                                out, zero_idle, arrivals=arrivals)
+    launch_replay(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, dt_softplus, out, zero_idle,
+                  arrivals)
 
 
 @replay_decode_op.register_fake
@@ -66,11 +66,29 @@ def step_decode_op(
     out: torch.Tensor,
 ) -> None:
     """One per-step (baseline) decode step written into ``out``; ``state`` updated in place."""
-    from .triton_step import launch_mamba2_step_decode
-
-    launch_mamba2_step_decode(x, dt, B, C, state, A, dt_bias, D, z, dt_softplus, out)
+    launch_step(x, dt, B, C, state, A, dt_bias, D, z, dt_softplus, out)
 
 
 @step_decode_op.register_fake
 def _step_decode_fake(x, dt, B, C, state, A, dt_bias, D, z, dt_softplus, out) -> None:
     return None
+
+
+def mamba2_replay_decode_triton(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None,
+                                dt_softplus=True, out=None, arrivals=None):
+    """Triton ReplaySSM decode step through the custom operator; same signature and semantics as
+    ``mamba2_replay_decode_reference``."""
+    zero_idle = out is None
+    if out is None:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    replay_decode_op(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, bool(dt_softplus), out,
+                     zero_idle, arrivals)
+    return out
+
+
+def mamba2_step_decode_triton(x, dt, B, C, state, A, dt_bias=None, D=None, z=None, dt_softplus=True):
+    """Fused per-step decode through the custom operator; same signature and semantics as
+    ``mamba2_step_decode_reference``."""
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    step_decode_op(x, dt, B, C, state, A, dt_bias, D, z, bool(dt_softplus), out)
+    return out

@@ -93,7 +93,7 @@ def mamba2_replay_decode_reference(
         A: (H,) fp32, negative. dt_bias, D: (H,) or None. z: (B, H, P) or None.
         out: optional (B, H, P) output; idle rows keep its contents.
         arrivals: scratch of the Triton kernel's in-launch cursor advance (int32, at least B
-            entries, zero between launches; see ``triton_decode``); unused here.
+            entries, zero between launches; see ``launch.launch_replay``); unused here.
 
     Returns:
         y (B, H, P) in ``x.dtype`` (``out`` if given).

@@ -17,8 +17,8 @@ from replayssm.kernels.delta import (  # noqa: E402
     delta_step_decode,
     delta_step_decode_reference,
 )
-from replayssm.kernels.delta.triton_decode import delta_replay_decode_triton  # noqa: E402
-from replayssm.kernels.delta.triton_step import delta_step_decode_triton  # noqa: E402
+from replayssm.kernels.delta.launch import delta_replay_decode_triton, delta_step_decode_triton  # noqa: E402
+from delta_helpers import launch_config  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = dict(atol=1e-5, rtol=1e-5)
@@ -66,7 +66,8 @@ def _same(a, b):
 
 
 CASES = [
-    # (name, Hk, HV, K, V, L, kda, kwargs)
+    # (name, Hk, HV, K, V, L, kda, knobs laid over the separate launches' defaults; "programs": flush
+    # programs in all)
     ("gdn-gva-L4", 2, 4, 20, 24, 4, False, {}),
     ("gdn-gva-L4-2vblocks", 2, 4, 20, 24, 4, False, dict(block_v=16, flush_block_v=16)),
     ("gdn-gva-L4-flush-wide", 2, 4, 20, 24, 4, False, dict(flush_block_v=32, num_warps=2)),
@@ -77,11 +78,11 @@ CASES = [
     ("kda-L4-flush-narrow", 2, 2, 20, 24, 4, True, dict(flush_block_v=16)),
     ("kda-L4-2vblocks", 2, 2, 20, 24, 4, True, dict(block_v=16)),
     ("kda-L3-ktiles", 2, 2, 40, 24, 3, True, dict(block_k=16)),
-    ("gdn-L4-one-flush-program", 2, 4, 20, 24, 4, False, dict(flush_programs=1, flush_block_v=16)),
+    ("gdn-L4-one-flush-program", 2, 4, 20, 24, 4, False, dict(programs=1, flush_block_v=16)),
     ("gdn-gva-L4-one-launch", 2, 4, 20, 24, 4, False, dict(one_launch=True)),
     ("gdn-L1-one-launch", 2, 4, 20, 24, 1, False, dict(one_launch=True)),
     ("kda-L4-one-launch-2vblocks", 2, 2, 20, 24, 4, True, dict(one_launch=True, block_v=16)),
-    ("kda-L3-two-flush-programs", 2, 2, 20, 24, 3, True, dict(flush_programs=2)),
+    ("kda-L3-two-flush-programs", 2, 2, 20, 24, 3, True, dict(programs=2)),
     ("gdn-gva-L4-coef-per-key-head-2vblocks", 2, 4, 20, 24, 4, False, dict(coef_per_key_head=True, block_v=16)),
     ("gdn-L1-coef-per-key-head", 2, 4, 20, 24, 1, False, dict(coef_per_key_head=True)),
     ("gdn-L3-coef-per-key-head-ktiles", 1, 2, 40, 24, 3, False, dict(coef_per_key_head=True, block_k=16,
@@ -91,34 +92,32 @@ CASES = [
     # the bf16 split flush products never run under the interpreter (its bf16 tl.dot is not trusted): asking for
     # them there runs the fp32 product
     ("gdn-gva-L4-flush-bf16-split-asked", 2, 4, 20, 24, 4, False, dict(flush_bf16_split=True)),
-    ("gdn-gva-L4-ring-by-L", 2, 4, 20, 24, 4, False, dict(ring_by_cursor=False)),
-    ("kda-L4-ring-by-L", 2, 2, 20, 24, 4, True, dict(ring_by_cursor=False)),
     ("kda-L4-flush-bf16-split-asked", 2, 2, 20, 24, 4, True, dict(flush_bf16_split=True)),
     # coefficient windows picked by cursor: L=12 (window 16) runs the half (c <= 8) and the whole window, and with
-    # three windows (the default; coef_narrow=True asks for at least two) the quarter (c <= 4) too
+    # three windows (the KDA default) the quarter (c <= 4) too
     ("kda-L12-coef-windows-2", 2, 2, 20, 24, 12, True, dict(coef_windows=2)),
-    ("kda-L12-coef-narrow-ring-by-L-ktiles", 2, 2, 40, 24, 12, True, dict(coef_narrow=True, ring_by_cursor=False,
-                                                                          coef_block_k=16)),
+    ("kda-L12-coef-windows-3-ktiles", 2, 2, 40, 24, 12, True, dict(coef_windows=3, coef_block_k=16)),
     # flush items of whole value heads: one program walks the head's column blocks (2 or 3 here)
     ("gdn-gva-L4-flush-head-items-2vblocks", 2, 4, 20, 24, 4, False, dict(flush_head_items=True, flush_block_v=16)),
     ("kda-L4-flush-head-items-2vblocks", 2, 2, 20, 24, 4, True, dict(flush_head_items=True, flush_block_v=16)),
     ("kda-L3-flush-head-items-ktiles-3vblocks", 2, 2, 40, 40, 3, True, dict(flush_head_items=True, block_k=16,
-                                                                            flush_block_v=16, flush_programs=3)),
+                                                                            flush_block_v=16, programs=3)),
     ("gdn-L3-flush-head-items-ktiles", 1, 2, 40, 24, 3, False, dict(flush_head_items=True, block_k=16,
                                                                      flush_block_v=16)),
-    # flush key tiles of their own (flush_block_k), with both kinds of work items
-    # (without flush_output: with it the flush launch takes the whole key dim in one tile)
-    ("kda-L3-flush-ktiles-head-items", 2, 2, 40, 24, 3, True, dict(flush_block_k=16, flush_block_v=16,
+    # flush key tiles (without flush_output: with it the flush launch takes the whole key dim in one tile),
+    # with both kinds of work items
+    ("kda-L3-flush-ktiles-head-items", 2, 2, 40, 24, 3, True, dict(block_k=16, flush_block_v=16,
                                                                     flush_output=False)),
-    ("gdn-L3-flush-ktiles", 1, 2, 40, 24, 3, False, dict(flush_block_k=16, flush_head_items=False,
-                                                          flush_output=False)),
+    ("gdn-L3-flush-ktiles", 1, 2, 40, 24, 3, False, dict(block_k=16, flush_head_items=False, flush_output=False)),
     # the flush launch computing the flush rows' output (flush_output), or the output launch doing it
     ("gdn-gva-L4-no-flush-output", 2, 4, 20, 24, 4, False, dict(flush_output=False)),
     ("kda-L4-no-flush-output-2vblocks", 2, 2, 20, 24, 4, True, dict(flush_output=False, flush_block_v=16)),
+    ("kda-L4-no-flush-output-two-flush-programs", 2, 2, 20, 24, 4, True, dict(flush_output=False, programs=2)),
     ("gdn-gva-L4-flush-output-column-items", 2, 4, 20, 24, 4, False, dict(flush_output=True, flush_block_v=16,
                                                                            flush_head_items=False)),
     ("kda-L1-flush-output-3vblocks", 2, 2, 20, 40, 1, True, dict(flush_output=True, flush_block_v=16,
                                                                   block_k=16)),
+    ("gdn-L1-flush-output-coef-per-value-head", 2, 4, 20, 24, 1, False, dict(coef_per_key_head=False)),
     # neither the x scratch nor the u_c scratch in use: the scratch holds the coefficients only
     ("gdn-gva-L4-keys-scaled-in-output-flush-output", 2, 4, 20, 24, 4, False, dict(coef_per_key_head=True,
                                                                                     coef_write_x=False,
@@ -127,46 +126,23 @@ CASES = [
     ("gdn-gva-L4-flush-prefetch-2vblocks", 2, 4, 20, 24, 4, False, dict(flush_prefetch=True, flush_block_v=16)),
     ("kda-L3-flush-prefetch-ktiles-3vblocks", 2, 2, 40, 40, 3, True, dict(flush_prefetch=True, flush_output=False,
                                                                           block_k=16, flush_block_v=16)),
-    # the cursor advance in a launch of its own, or (the default) written by the coefficient launch to a scratch
-    # that the flush launch copies back
-    ("gdn-gva-L4-cursor-launch", 2, 4, 20, 24, 4, False, dict(advance_in_flush=False)),
-    ("gdn-L1-advance-in-flush-coef-per-value-head", 2, 4, 20, 24, 1, False, dict(advance_in_flush=True,
-                                                                                  coef_per_key_head=False)),
-    ("kda-L4-advance-in-flush-no-flush-output", 2, 2, 20, 24, 4, True, dict(advance_in_flush=True,
-                                                                             flush_output=False, flush_programs=2)),
     # dependent launches need a CUDA device: asked for under the interpreter, the launches run one after another
     ("kda-L4-dependent-launch-asked", 2, 2, 20, 24, 4, True, dict(dependent_launch=True)),
-    ("gdn-L3-flush-dependent-launch-asked", 1, 2, 20, 24, 3, False, dict(flush_dependent_launch=True)),
     ("kda-L12-coef-windows-3", 2, 2, 20, 24, 12, True, dict(coef_windows=3)),
     ("kda-L12-coef-windows-1", 2, 2, 20, 24, 12, True, dict(coef_windows=1)),
-    # coefficient programs of idle rows, and of flush rows when the flush launch computes their step, exit early
-    ("kda-L4-coef-skip-rows", 2, 2, 20, 24, 4, True, dict(coef_skip_rows=True)),
-    ("kda-L4-coef-skip-rows-no-flush-output", 2, 2, 20, 24, 4, True, dict(coef_skip_rows=True, flush_output=False)),
-    ("gdn-gva-L4-coef-skip-rows", 2, 4, 20, 24, 4, False, dict(coef_skip_rows=True)),
-    ("gdn-gva-L4-coef-skip-rows-per-value-head", 2, 4, 20, 24, 4, False, dict(coef_skip_rows=True,
-                                                                               coef_per_key_head=False)),
-    ("gdn-gva-L4-coef-skip-rows-no-flush-output", 2, 4, 20, 24, 4, False, dict(coef_skip_rows=True,
-                                                                                flush_output=False)),
-    ("gdn-L1-coef-skip-rows-cursor-launch", 2, 4, 20, 24, 1, False, dict(coef_skip_rows=True,
-                                                                          advance_in_flush=False)),
 ]
 
 
 @pytest.mark.parametrize("knobs, message", [
-    (dict(coef_windows=4), "coef_windows must be 1, 2 or 3, got 4"),
-    (dict(coef_windows=1, coef_narrow=True), "coef_narrow=True contradicts coef_windows=1"),
-    (dict(coef_windows=3, coef_narrow=False), "coef_narrow=False contradicts coef_windows=3"),
+    (dict(coef_windows=4), "coef_windows must be 1, 2 or 3"),
+    (dict(block_v=24), "block_v must be a power of two"),
+    (dict(block_k=512), "block_k must be at most 256"),
+    (dict(flush_programs=0), "flush_programs and flush_stages must be positive"),
 ])
-@pytest.mark.parametrize("kda", [True, False], ids=["kda", "gdn"])
-def test_bad_coef_windows(knobs, message, kda):
-    """Bad window knobs are refused for every layer, also where only KDA uses them."""
-    gen = torch.Generator().manual_seed(3)
-    ker = _setup(gen, 5, 2, 2, 16, 16, 4, kda, [0] * 5)
-    x = _token(gen, 5, 2, 2, 16, 16, kda, packed=False)
-    before = [t.clone() for t in ker]
+def test_bad_launch_config(knobs, message):
+    """Bad knobs are refused when the configuration is made, before anything is launched."""
     with pytest.raises(ValueError, match=message):
-        delta_replay_decode_triton(*x, *ker, one_launch=False, **knobs)
-    assert all(torch.equal(a.nan_to_num(), b.nan_to_num()) for a, b in zip(ker, before))  # nothing was written
+        launch_config(16, 16, torch.float32, True, **knobs)
 
 
 def test_no_dependent_launch_off_the_gpu():
@@ -182,14 +158,21 @@ def test_flush_rows_split_over_several_launches(monkeypatch):
     import replayssm.kernels.persistent as persistent
 
     monkeypatch.setattr(persistent, "FLUSH_ROWS", 2)
-    test_replay_kernel_matches_reference(("gdn-L3-chunked", 1, 2, 16, 16, 3, False, dict(flush_programs=1)))
-    test_replay_kernel_matches_reference(("gdn-L3-chunked-advance-in-flush", 1, 2, 16, 16, 3, False,
-                                          dict(flush_programs=1, advance_in_flush=True)))
+    test_replay_kernel_matches_reference(("gdn-L3-chunked", 1, 2, 16, 16, 3, False, dict(programs=1)), monkeypatch)
+    test_replay_kernel_matches_reference(("kda-L3-chunked", 1, 2, 16, 16, 3, True, dict(programs=1)), monkeypatch)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_replay_kernel_matches_reference(case):
+def test_replay_kernel_matches_reference(case, monkeypatch):
     _, Hk, HV, K, V, L, kda, kw = case
+    kw = dict(kw)
+    if "programs" in kw:  # flush programs in all: one per multiprocessor, that many multiprocessors
+        import replayssm.kernels.delta.launch as launch
+
+        programs = kw.pop("programs")
+        monkeypatch.setattr(launch, "num_sms", lambda *a: programs)
+        kw["flush_programs"] = 1
+    cfg = launch_config(K, V, torch.float32, kda, **kw)
     gen = torch.Generator().manual_seed(7)
     Bt = 4
     c0 = [0, min(2, L - 1), -1, L - 1]  # desynchronised, one idle row, one flushing at once
@@ -199,7 +182,7 @@ def test_replay_kernel_matches_reference(case):
     out_r = out_k.clone()
     for step in range(2 * L + 1):
         x = _token(gen, Bt, Hk, HV, K, V, kda, packed=(step % 2 == 1))
-        o_k = delta_replay_decode_triton(*x, *ker, out_k, **{"one_launch": False, **kw})
+        o_k = delta_replay_decode_triton(*x, *ker, out_k, config=cfg)
         o_r = delta_replay_decode_reference(*x, *ref, out_r)
         assert o_k is out_k
         _same(o_k, o_r)
@@ -211,29 +194,32 @@ def test_replay_kernel_matches_reference(case):
     assert torch.all(out_k[2] == 3.0)  # the idle row's output was never written
 
 
-@pytest.mark.parametrize("kda, advance, early", [(False, "kernel", False), (True, "kernel", False),
-                                                 (True, "cursor-first", False), (True, "cursor", True),
-                                                 (False, "cursor-first", True)],
-                         ids=["gdn-kernel", "kda-kernel", "kda-cursor-first", "kda-cursor-early", "gdn-first-early"])
-def test_one_launch_cursor_advance_variants(kda, advance, early):
-    """The one-launch kernel moves the cursors on with a second launch (``"kernel"``) or inside its
-    launch, arrivals counted on the cursor word (2 value blocks x 4 heads = 8 programs per row)
-    and read by the arrival itself (``"cursor-first"``, here at batch 4, whose default is
-    ``"cursor"``: the one-launch CASES and the rollback test at batch 2 run the defaults), with
-    ``early_load`` in two cases (checkpoint and inputs loaded before the cursor is known): outputs,
+@pytest.mark.parametrize("kda, advance", [(False, "kernel"), (True, "kernel"), (True, "cursor-first"),
+                                         (True, "cursor"), (False, "cursor-first")],
+                         ids=["gdn-kernel", "kda-kernel", "kda-cursor-first", "kda-cursor", "gdn-first"])
+def test_one_launch_cursor_advance_variants(kda, advance, monkeypatch):
+    """The one-launch kernel moves the cursors on inside its launch, arrivals counted on the cursor
+    word (2 value blocks x 4 heads = 8 programs per row) and read by the arrival itself
+    (``"cursor-first"``, here at batch 4, whose default is ``"cursor"``: the one-launch CASES and
+    the rollback test at batch 2 run the defaults), or, where the cursor word cannot carry the
+    count (buffers longer than 127, here pretended), with a second launch (``"kernel"``): outputs,
     rings, checkpoints and cursors equal the reference's over 2L + 1 steps; the idle row keeps its
     -1 and its output is never written."""
-    from replayssm.kernels.delta.triton_small_batch import delta_replay_decode_small_batch
+    import replayssm.kernels.delta.launch as launch
 
+    if advance == "kernel":
+        monkeypatch.setattr(launch, "cursor_word_counts_arrivals", lambda cursor, L: False)
     gen = torch.Generator().manual_seed(12)
     Bt, Hk, HV, K, V, L = 4, 2, 4, 20, 24, 4
+    cfg = launch_config(K, V, torch.float32, kda, one_launch=True, block_v=16,
+                        arrive_first=advance == "cursor-first")
     ker = _setup(gen, Bt, Hk, HV, K, V, L, kda, [0, 2, -1, 3])
     ref = [t.clone() for t in ker]
     out_k = torch.full((Bt, HV, V), 3.0, device=DEV)
     out_r = out_k.clone()
     for _ in range(2 * L + 1):
         x = _token(gen, Bt, Hk, HV, K, V, kda)
-        delta_replay_decode_small_batch(*x, *ker, out_k, False, block_v=16, advance=advance, early_load=early)
+        delta_replay_decode_triton(*x, *ker, out_k, config=cfg)
         _same(out_k, delta_replay_decode_reference(*x, *ref, out_r))
         for a, b in zip(ker, ref):
             if a.dtype == torch.int32:
@@ -241,8 +227,6 @@ def test_one_launch_cursor_advance_variants(kda, advance, early):
             else:
                 _same(a, b)
     assert ker[-1][2].item() == -1 and torch.all(out_k[2] == 3.0)
-    with pytest.raises(ValueError, match="advance must be 'cursor', 'cursor-first' or 'kernel'; got 'atomic'"):
-        delta_replay_decode_small_batch(*x, *ker, out_k, False, advance="atomic")
 
 
 @pytest.mark.parametrize("one_launch", [False, True], ids=["separate-launches", "one-launch"])
@@ -253,6 +237,7 @@ def test_rollback_matches_reference(kda, one_launch):
     (whose rollback test compares with the exact recurrence over the accepted tokens)."""
     gen = torch.Generator().manual_seed(8)
     Bt, Hk, HV, K, V, L = 2, 2, 2, 20, 24, 8
+    cfg = None if one_launch else launch_config(K, V, torch.float32, kda)  # batch 2: one launch by default
     ker = _setup(gen, Bt, Hk, HV, K, V, L, kda, [3, 2])
     ref = [t.clone() for t in ker]
     for step in range(4 + 2 * L):
@@ -260,7 +245,7 @@ def test_rollback_matches_reference(kda, one_launch):
             for bufs in (ker, ref):
                 bufs[-1] -= torch.tensor([2, 3], dtype=torch.int32, device=DEV)
         x = _token(gen, Bt, Hk, HV, K, V, kda)
-        _same(delta_replay_decode_triton(*x, *ker, one_launch=one_launch), delta_replay_decode_reference(*x, *ref))
+        _same(delta_replay_decode_triton(*x, *ker, config=cfg), delta_replay_decode_reference(*x, *ref))
         for a, b in zip(ker, ref):
             if a.dtype == torch.int32:
                 assert torch.equal(a, b)
@@ -269,29 +254,33 @@ def test_rollback_matches_reference(kda, one_launch):
 
 
 def test_small_batches_default_to_one_launch(monkeypatch):
-    """Batches up to SMALL_BATCH_MAX rows run the one-launch kernel unless told otherwise; the
-    separate launches' knobs reach it only when it was asked for (``one_launch=True``)."""
-    import replayssm.kernels.delta.triton_small_batch as small
-    from replayssm.kernels.delta.triton_decode import SMALL_BATCH_MAX
+    """Batches up to SMALL_BATCH_MAX rows run the one-launch kernel unless the configuration says
+    otherwise, with its own defaults (32 value columns, the atomic reading the cursor up to batch 2)."""
+    import dataclasses
 
-    calls = []  # (batch, block_v) of each small-batch launch
-    real = small.delta_replay_decode_small_batch
+    import replayssm.kernels.delta.launch as launch
+    from replayssm.kernels.delta.config import SMALL_BATCH_MAX, default_config
 
-    def recording(*args, **kwargs):
-        calls.append((args[0].shape[0], kwargs["block_v"]))
-        return real(*args, **kwargs)
+    calls = []  # (batch, block_v, arrive_first) of each one-launch step
+    real = launch._launch_one
 
-    monkeypatch.setattr(small, "delta_replay_decode_small_batch", recording)
+    def recording(t, io, lay, Bt, cfg, kda, write_idle):
+        calls.append((Bt, cfg.block_v, cfg.arrive_first))
+        return real(t, io, lay, Bt, cfg, kda, write_idle)
+
+    monkeypatch.setattr(launch, "_launch_one", recording)
     gen = torch.Generator().manual_seed(10)
-    for Bt, kw, expect in ((SMALL_BATCH_MAX, dict(block_v=16), (SMALL_BATCH_MAX, None)),
-                           (SMALL_BATCH_MAX + 1, {}, None), (1, dict(one_launch=False), None),
-                           (SMALL_BATCH_MAX + 1, dict(one_launch=True, block_v=16), (SMALL_BATCH_MAX + 1, 16))):
+    small = default_config(1, 16, 24, torch.float32, False)
+    for Bt, cfg, expect in ((SMALL_BATCH_MAX, None, (SMALL_BATCH_MAX, 32, False)), (2, None, (2, 32, True)),
+                            (SMALL_BATCH_MAX + 1, None, None),
+                            (1, launch_config(16, 24, torch.float32, False), None),
+                            (SMALL_BATCH_MAX + 1, dataclasses.replace(small, block_v=16), (SMALL_BATCH_MAX + 1, 16, True))):
         ker = _setup(gen, Bt, 1, 2, 16, 24, 2, False, [0] * Bt)
         ref = [t.clone() for t in ker]
         x = _token(gen, Bt, 1, 2, 16, 24, False)
         n = len(calls)
-        _same(delta_replay_decode_triton(*x, *ker, **kw), delta_replay_decode(*x, *ref, backend="torch"))
-        assert (calls[n] if len(calls) > n else None) == expect, (Bt, kw)
+        _same(delta_replay_decode_triton(*x, *ker, config=cfg), delta_replay_decode(*x, *ref, backend="torch"))
+        assert (calls[n] if len(calls) > n else None) == expect, (Bt, cfg)
 
 
 @pytest.mark.parametrize("one_launch", [False, True], ids=["separate-launches", "one-launch"])
@@ -301,7 +290,7 @@ def test_replay_kernel_out_none_zeroes_idle_rows(one_launch):
     ker = _setup(gen, Bt, Hk, HV, K, V, L, False, [1, -1])
     ref = [t.clone() for t in ker]
     x = _token(gen, Bt, Hk, HV, K, V, False)
-    o_k = delta_replay_decode_triton(*x, *ker, one_launch=one_launch)
+    o_k = delta_replay_decode_triton(*x, *ker, config=None if one_launch else launch_config(K, V, torch.float32, False))
     o_r = delta_replay_decode(*x, *ref, backend="torch")
     _same(o_k, o_r)
     assert torch.equal(o_k[1], torch.zeros_like(o_k[1]))
@@ -329,7 +318,7 @@ def test_l2norm_qk_kernel_matches_reference_and_oracle(Bt, H, K, dtype):
     """One launch normalises q (times its scale) and k: strided inputs of any float dtype, fp32
     outputs equal to the reference and to torch's own normalize (an independent oracle)."""
     from replayssm.kernels.delta import l2norm_qk, l2norm_qk_reference
-    from replayssm.kernels.delta.triton_norm import l2norm_qk_triton
+    from replayssm.kernels.delta.norm import l2norm_qk_triton
 
     gen = torch.Generator().manual_seed(Bt * 100 + K)
     qk = (torch.randn(Bt, 2 * H * K + 5, generator=gen) * 3).to(dtype).to(DEV)  # packed, row stride 2HK+5

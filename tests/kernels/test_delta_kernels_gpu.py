@@ -12,6 +12,8 @@ import torch
 
 pytestmark = pytest.mark.gpu
 
+from delta_helpers import launch_config  # noqa: E402
+
 from replayssm.kernels.delta import (  # noqa: E402
     delta_replay_decode,
     delta_replay_decode_reference,
@@ -88,11 +90,12 @@ def _cycle_vs_reference(shape, state_dtype, act, L, seed=0, steps=None, **kw):
     ker = _setup(gen, Bt, Hk, HV, K, V, L, kda, state_dtype, act, c0)
     ref = [t.clone() for t in ker]
     tol_o, tol_s = _tol(state_dtype, act)
-    from replayssm.kernels.delta.triton_decode import delta_replay_decode_triton
+    from replayssm.kernels.delta.launch import delta_replay_decode_triton
 
+    cfg = launch_config(K, V, state_dtype, kda, **kw)  # batch 4: say which launches
     for step in range(2 * L + 1 if steps is None else steps):
         x = _token(gen, Bt, Hk, HV, K, V, kda, act, packed=(step % 3 == 2))
-        o_k = delta_replay_decode_triton(*x, *ker, **{"one_launch": False, **kw})  # batch 4: say which
+        o_k = delta_replay_decode_triton(*x, *ker, config=cfg)
         o_r = delta_replay_decode_reference(*x, *ref)
         assert o_k.dtype == act
         _close(o_k, o_r, tol_o)
@@ -124,28 +127,20 @@ VARIANTS = {"bv32": dict(block_v=32, num_warps=4), "bv128-w8": dict(block_v=128,
             "coef-per-value-head": dict(coef_per_key_head=False),
             "coef-per-key-head-write-x": dict(coef_per_key_head=True, coef_write_x=True),
             "flush-tf32x3": dict(flush_bf16_split=False), "flush-bf16-split-bv64": dict(flush_block_v=64),
-            "ring-by-L": dict(ring_by_cursor=False), "flush-bf16-split": dict(flush_bf16_split=True),
-            "coef-narrow": dict(coef_narrow=True), "coef-whole-window": dict(coef_narrow=False),
+            "flush-bf16-split": dict(flush_bf16_split=True),
+            "coef-windows-3": dict(coef_windows=3), "coef-whole-window": dict(coef_windows=1),
             "flush-head-items": dict(flush_head_items=True), "flush-column-items": dict(flush_head_items=False),
             "flush-head-items-bv32": dict(flush_head_items=True, flush_block_v=32),
-            "flush-ktiles": dict(flush_block_k=64, flush_output=False),
-            "flush-ktiles-32": dict(flush_block_k=32, flush_output=False),
+            "flush-ktiles": dict(block_k=64, flush_output=False),
+            "flush-ktiles-32": dict(block_k=32, flush_output=False),
             "flush-output": dict(flush_output=True), "no-flush-output": dict(flush_output=False),
             "flush-output-column-items": dict(flush_output=True, flush_head_items=False, flush_block_v=64),
             "flush-prefetch": dict(flush_prefetch=True),
             "flush-prefetch-no-output": dict(flush_prefetch=True, flush_output=False),
             "dependent-launch": dict(dependent_launch=True), "no-dependent-launch": dict(dependent_launch=False),
-            "advance-in-flush": dict(advance_in_flush=True), "cursor-launch": dict(advance_in_flush=False),
-            "flush-dependent-launch": dict(flush_dependent_launch=True, dependent_launch=False),
-            "flush-dependent-launch-no-flush-output": dict(flush_dependent_launch=True, dependent_launch=False,
-                                                           flush_output=False),
-            "advance-in-flush-no-flush-output": dict(advance_in_flush=True, flush_output=False),
-            "advance-in-flush-dependent-launch": dict(advance_in_flush=True, dependent_launch=True),
+            "no-dependent-launch-no-flush-output": dict(dependent_launch=False, flush_output=False),
             "keys-scaled-in-output": dict(coef_per_key_head=True, coef_write_x=False),
-            "coef-windows-2": dict(coef_windows=2),
-            "coef-skip-rows": dict(coef_skip_rows=True), "coef-no-skip-rows": dict(coef_skip_rows=False),
-            "coef-skip-rows-no-flush-output": dict(coef_skip_rows=True, flush_output=False),
-            "coef-skip-rows-dependent-launch": dict(coef_skip_rows=True, dependent_launch=True)}
+            "coef-windows-2": dict(coef_windows=2)}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -165,7 +160,7 @@ def test_flush_product_exact_with_bf16_rings(shape, split, head_items):
     H200 (2026-12-01, Gated DeltaNet) the three-term bf16 split was 4e-7 off and tf32x3 2e-7,
     while a single tf32 product was 4e-4 off and a two-term bf16 split 2e-6. KDA splits its
     per-channel weighted keys instead of the u's."""
-    from replayssm.kernels.delta.triton_decode import delta_replay_decode_triton
+    from replayssm.kernels.delta.launch import delta_replay_decode_triton
 
     Hk, HV, K, V, kda = SHAPES[shape]
     L, Bt, grp = 16, 4, HV // Hk
@@ -186,21 +181,23 @@ def test_flush_product_exact_with_bf16_rings(shape, split, head_items):
     kc = k.double().repeat_interleave(grp, 1)
     uc = beta.double()[..., None] * (v.double() - torch.einsum("bhkv,bhk->bhv", a, kc))
     new = a + kc[..., None] * uc[..., None, :]
-    delta_replay_decode_triton(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, one_launch=False,
-                               flush_bf16_split=split, flush_head_items=head_items)
+    delta_replay_decode_triton(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor,
+                               config=launch_config(K, V, F32, kda, flush_bf16_split=split,
+                                                    flush_head_items=head_items))
     err = ((state.double() - new).abs().max() / new.abs().max()).item()
     assert err < 1e-6, err
     assert torch.equal(cursor, torch.zeros_like(cursor))
 
 
-@pytest.mark.parametrize("knobs", [dict(one_launch=False), dict(block_k=32, one_launch=False), {}],
+@pytest.mark.parametrize("knobs", [dict(), dict(block_k=32), None],
                          ids=["separate-launches", "ktiles", "default-one-launch"])
 @pytest.mark.parametrize("shape", ["qwen35-4b", "kimi-kda"])
 def test_fp32_replay_equals_exact_recurrence(shape, knobs):
     """fp32 everywhere: the replay kernel tracks the ordinary recurrence to ~1e-5."""
-    from replayssm.kernels.delta.triton_decode import delta_replay_decode_triton
+    from replayssm.kernels.delta.launch import delta_replay_decode_triton
 
     Hk, HV, K, V, kda = SHAPES[shape]
+    cfg = None if knobs is None else launch_config(K, V, F32, kda, **knobs)
     L, Bt = 16, 4
     gen = torch.Generator(device=DEV).manual_seed(1)
     ker = _setup(gen, Bt, Hk, HV, K, V, L, kda, F32, F32, [0] * Bt)
@@ -208,7 +205,7 @@ def test_fp32_replay_equals_exact_recurrence(shape, knobs):
     worst_o = worst_s = 0.0
     for step in range(2 * L + 1):
         x = _token(gen, Bt, Hk, HV, K, V, kda, F32)
-        o_k = delta_replay_decode_triton(*x, *ker, **knobs)
+        o_k = delta_replay_decode_triton(*x, *ker, config=cfg)
         o_e = delta_step_decode_reference(*x, exact)
         worst_o = max(worst_o, ((o_k - o_e).norm() / o_e.norm()).item())
         if step % L == L - 1:
@@ -264,12 +261,13 @@ def test_cuda_graph_replay_equals_eager(shape, Bt, launches, monkeypatch):
     programmatic dependent of the coefficient launch, ``flush-dependent``: the flush launch one
     of the output launch, whatever the defaults say)."""
     if launches != "defaults":
-        import replayssm.kernels.delta.triton_decode as td
+        import dataclasses
 
-        base = td.default_config
-        knobs = ({"dependent_launch": True} if launches == "dependent"
-                 else {"dependent_launch": False, "flush_dependent_launch": True})
-        monkeypatch.setattr(td, "default_config", lambda *a: {**base(*a), **knobs})
+        import replayssm.kernels.delta.launch as launch
+
+        base = launch.default_config
+        monkeypatch.setattr(launch, "default_config", lambda *a: dataclasses.replace(
+            base(*a), dependent_launch=launches == "dependent"))
     Hk, HV, K, V, kda = SHAPES[shape]
     L = 4
     gen = torch.Generator(device=DEV).manual_seed(4)

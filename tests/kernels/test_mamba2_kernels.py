@@ -18,15 +18,27 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _replay():
-    from replayssm.kernels.mamba2.triton_decode import mamba2_replay_decode_triton
+    from replayssm.kernels.mamba2.ops import mamba2_replay_decode_triton
 
     return mamba2_replay_decode_triton
 
 
 def _step():
-    from replayssm.kernels.mamba2.triton_step import mamba2_step_decode_triton
+    from replayssm.kernels.mamba2.ops import mamba2_step_decode_triton
 
     return mamba2_step_decode_triton
+
+
+def _launching(cfg, arrivals=None):
+    """A kernel function (the reference's signature) that launches the replay kernel with ``cfg``."""
+    from replayssm.kernels.mamba2.launch import launch_replay
+
+    def fn(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None, sp=True, out=None):
+        launch_replay(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, sp, out, False, arrivals,
+                      cfg)
+        return out
+
+    return fn
 
 
 # (Bt, H, P, N, G, L, cursors, z/D/dt_bias, strided)
@@ -76,89 +88,31 @@ def test_replay_out_none_zeroes_idle_rows():
     check_replay_trajectory(_replay(), prob, steps=3, use_out=False)
 
 
-def test_replay_split_and_kernel_advance_variants():
-    """The two-launch route and the separate cursor-advance launch give the same results."""
-    from replayssm.kernels.mamba2.triton_decode import launch_mamba2_replay_decode
+def test_replay_launch_configurations():
+    """Launch configurations other than the defaults: the state dim in several tiles on both routes
+    (N=40 in tiles of 16) with two heads per program, and flush tiles as wide as the state dim, where
+    the flush route starts from the tiles loaded before the cursor was known (the window's stale
+    slots NaN-poisoned), one and two heads per program."""
+    from replayssm.kernels.mamba2.config import LaunchConfig
 
-    from replayssm.kernels.mamba2.triton_decode import make_replay_config
-
-    def variant(route, advance, cfg=None):
-        def fn(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None, sp=True, out=None):
-            launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, sp, out,
-                                        False, route=route, advance=advance, config=cfg)
-            return out
-
-        return fn
-
-    # (H, P, N, G, L) = (4, 16, 16, 2, 3); split with 4-lane blocks and one head per program in
-    # the output-only launch, 16-lane blocks in the flush launch
-    small = make_replay_config(4, 16, 16, 2, 3, BLOCK_P=4, HC=1, route="split")
-    # the flush launch as the replay kernel specialised to the flush route (not persistent)
-    spec = make_replay_config(4, 16, 16, 2, 3, BLOCK_P=4, HC=1, route="split", flush=dict(persistent=False))
-    # (the default advance, "atomic", counts arrivals on a separate counter, "cursor" on the cursor word)
-    for route, advance, cfg in (("split", "atomic", None), ("split", "cursor", None), ("fused", "cursor", None),
-                                ("fused", "kernel", None), ("split", "atomic", small), ("split", "atomic", spec),
-                                ("split", "kernel", spec)):
-        prob = Problem(3, 4, 16, 16, 2, 3, torch.float32, torch.float32, DEV, [2, 0, -1], seed=11)
-        check_replay_trajectory(variant(route, advance, cfg), prob, steps=4)
-    # persistent flush launch: one or two programs walking every flush item, and the rows
-    # split over several flush launches (two rows each)
-    import replayssm.kernels.persistent as persistent
-
-    for n_prog, rows in ((1, persistent.FLUSH_ROWS), (2, 2)):
-        few = make_replay_config(4, 16, 16, 2, 3, BLOCK_P=16, HC=1, route="split", flush=dict(programs=n_prog))
-        prob = Problem(5, 4, 16, 16, 2, 3, torch.float32, torch.float32, DEV, [2, 2, -1, 1, 2], seed=13)
-        saved, persistent.FLUSH_ROWS = persistent.FLUSH_ROWS, rows
-        try:
-            check_replay_trajectory(variant("split", "atomic", few), prob, steps=4)
-        finally:
-            persistent.FLUSH_ROWS = saved
-    # state dim in several tiles on both routes (N=40 in tiles of 16), two heads per program
-    tiles = make_replay_config(4, 16, 40, 2, 3, BLOCK_P=16, HC=2, BLOCK_N=16, BLOCK_NF=16)
+    tiles = LaunchConfig(block_p=16, heads_per_program=2, block_n=16, flush_block_n=16, num_warps=4)
     prob = Problem(3, 4, 16, 40, 2, 3, torch.float32, torch.float32, DEV, [2, 0, 1], seed=12)
-    check_replay_trajectory(variant(None, None, tiles), prob, steps=4)
-    # flush tiles as wide as the state dim with early loads: the flush route starts from the tiles
-    # loaded before the cursor was known (the window's stale slots NaN-poisoned), one and two heads
-    # per program
+    check_replay_trajectory(_launching(tiles), prob, steps=4)
     for hc in (1, 2):
-        early = make_replay_config(4, 16, 16, 2, 3, BLOCK_P=16, HC=hc, BLOCK_N=16, BLOCK_NF=16, early_load=True)
+        early = LaunchConfig(block_p=16, heads_per_program=hc, block_n=16, flush_block_n=16, num_warps=4)
         prob = Problem(3, 4, 16, 16, 2, 3, torch.float32, torch.float32, DEV, [2, 0, -1], seed=14)
-        check_replay_trajectory(variant(None, None, early), prob, steps=7)
-
-
-def test_replay_advance_none_leaves_the_cursors_to_the_caller():
-    """``advance="none"``: the launch reads the cursors and never writes them; a caller that moves them
-    on after each step gets the reference trajectory. An unknown advance is refused."""
-    from replayssm.kernels.mamba2.triton_decode import launch_mamba2_replay_decode
-
-    L = 3
-    seen = []
-
-    def fn(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None, sp=True, out=None):
-        before = cursor.clone()
-        launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, sp, out,
-                                    False, advance="none")
-        seen.append(torch.equal(cursor, before))
-        cursor.copy_(torch.where(cursor >= 0, (cursor + 1) % L, cursor))
-        return out
-
-    prob = Problem(3, 4, 16, 16, 2, L, torch.float32, torch.float32, DEV, [2, 0, -1], seed=43)
-    worst = check_replay_trajectory(fn, prob, steps=2 * L + 1)
-    assert worst["flushes"] >= 2 and seen and all(seen)
-    with pytest.raises(ValueError, match="advance must be"):
-        launch_mamba2_replay_decode(*prob.inputs()[:4], *prob.mutable(), prob.A, None, None, None, True,
-                                    torch.empty(3, 4, 16, device=DEV), False, advance="sometimes")
+        check_replay_trajectory(_launching(early), prob, steps=7)
 
 
 def test_replay_counts_arrivals_in_the_given_counters(monkeypatch):
     """With ``arrivals`` the kernel counts its cursor-advance arrivals there, never in the device's
     shared counter, and leaves the rows' entries at zero (entries past the batch untouched)."""
-    import replayssm.kernels.mamba2.triton_decode as td
+    import replayssm.kernels.mamba2.launch as launch
 
     def shared_counter(*args):
         raise AssertionError("the device's shared arrival counter was used")
 
-    monkeypatch.setattr(td, "_arrival_counter", shared_counter)
+    monkeypatch.setattr(launch, "_arrival_counter", shared_counter)
     Bt = 3
     arrivals = torch.zeros(Bt + 2, dtype=torch.int32, device=DEV)
     arrivals[Bt:] = 7
@@ -176,8 +130,8 @@ def test_replay_counts_arrivals_in_the_given_counters(monkeypatch):
     for bad in (torch.zeros(Bt, dtype=torch.int64, device=DEV), torch.zeros(Bt - 1, dtype=torch.int32, device=DEV),
                 torch.zeros(2 * Bt, dtype=torch.int32, device=DEV)[::2]):
         with pytest.raises(ValueError, match="arrivals must be a contiguous int32 vector"):
-            td.launch_mamba2_replay_decode(*prob.inputs()[:4], *prob.mutable(), prob.A, None, None, None, True,
-                                           torch.empty(Bt, 4, 16, device=DEV), False, arrivals=bad)
+            launch.launch_replay(*prob.inputs()[:4], *prob.mutable(), prob.A, None, None, None, True,
+                                 torch.empty(Bt, 4, 16, device=DEV), False, arrivals=bad)
 
 
 @pytest.mark.parametrize("cursors,BLOCK_P,HC,specialize,fma", [
@@ -187,25 +141,24 @@ def test_replay_counts_arrivals_in_the_given_counters(monkeypatch):
     ([-1, -1, 0, -1, 1, -1], 16, 1, True, True),  # mostly idle rows
 ])
 def test_replay_flush_first_order(cursors, BLOCK_P, HC, specialize, fma):
-    """``order="flush_first"``: the flush rows' programs first, the cursors moved by the launch's last
+    """Flush-first order: the flush rows' programs first, the cursors moved by the launch's last
     program. Same trajectory as the reference (outputs, rings, checkpoints, cursors every step); the
     launch-wide count uses only the first entry of ``arrivals`` and leaves it at zero."""
-    from replayssm.kernels.mamba2.triton_decode import flush_first_block, launch_mamba2_replay_decode, \
-        make_replay_config
+    from replayssm.kernels.mamba2.config import LaunchConfig
 
     Bt, L = len(cursors), 3
-    cfg = make_replay_config(4, 16, 16, 2, L, BLOCK_P=BLOCK_P, HC=HC, BLOCK_N=16, BLOCK_NF=16, early_load=True,
-                             flush_fma=fma, specialize=specialize, order="flush_first")
-    assert flush_first_block(cfg, Bt, 0) == 8 and flush_first_block(cfg, Bt, 1) == 0
+    cfg = LaunchConfig(block_p=BLOCK_P, heads_per_program=HC, block_n=16, flush_block_n=16, num_warps=4,
+                       flush_fma=fma, specialize=specialize, flush_first=True)
+    assert _flush_first_block(cfg, Bt) == 8
     arrivals = torch.zeros(Bt + 1, dtype=torch.int32, device=DEV)
     arrivals[Bt] = 5
     seen = []
+    launch = _launching(cfg, arrivals)
 
-    def fn(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None, sp=True, out=None):
-        launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, sp, out,
-                                    False, config=cfg, arrivals=arrivals)
+    def fn(*args):
+        y = launch(*args)
         seen.append(arrivals.tolist())
-        return out
+        return y
 
     prob = Problem(Bt, 4, 16, 16, 2, L, torch.float32, torch.float32, DEV, cursors, seed=51, has_z=True,
                    has_D=True, has_bias=True)
@@ -215,45 +168,46 @@ def test_replay_flush_first_order(cursors, BLOCK_P, HC, specialize, fma):
     assert seen and all(row == [0] * Bt + [5] for row in seen), seen
 
 
+def _flush_first_block(cfg, n_rows):
+    """The launch's FLUSH_FIRST_BB: 0 for row order, else a power of two >= the batch."""
+    from replayssm.kernels.mamba2.launch import replay_flags
+
+    return replay_flags(cfg, 16, 3, n_rows, has_dt_bias=True, has_D=True, has_z=True, dt_softplus=True,
+                        zero_idle=False, lowp=False).FLUSH_FIRST_BB.value
+
+
 def test_default_order_runs_flush_rows_first_from_batch_32():
-    from replayssm.kernels.mamba2.triton_decode import replay_config
+    from replayssm.kernels.mamba2.config import default_config
 
     for Bt in (1, 4, 8, 16, 31):
-        assert replay_config(Bt, 128, 64, 128, 8, 16, 4, 2, 132)["order"] == "rows"
+        assert not default_config(Bt, 128, 64, 128, 8, 16, 4, 2, 132).flush_first
     for Bt in (32, 64, 256, 512):
-        assert replay_config(Bt, 128, 64, 128, 8, 16, 4, 2, 132)["order"] == "flush_first"
+        assert default_config(Bt, 128, 64, 128, 8, 16, 4, 2, 132).flush_first
 
 
 def test_replay_flush_first_order_config():
-    from replayssm.kernels.mamba2.triton_decode import flush_first_block, make_replay_config
+    """Flush-first needs the batch in one block of cursors (``persistent.FLUSH_ROWS``): larger batches
+    run in row order; row order is the default below batch 32."""
+    from replayssm.kernels.mamba2.config import LaunchConfig
 
-    with pytest.raises(ValueError, match="order must be"):
-        make_replay_config(4, 16, 16, 2, 3, BLOCK_P=16, HC=1, order="random")
-    with pytest.raises(ValueError, match="needs route='fused'"):
-        make_replay_config(4, 16, 16, 2, 3, BLOCK_P=16, HC=1, route="split", order="flush_first")
-    cfg = make_replay_config(4, 16, 16, 2, 3, BLOCK_P=16, HC=1, order="flush_first")
-    assert flush_first_block(cfg, 200, 0) == 256 and flush_first_block(cfg, 5000, 0) == 0  # past one block
-    assert flush_first_block(make_replay_config(4, 16, 16, 2, 3, BLOCK_P=16, HC=1), 200, 0) == 0
+    cfg = LaunchConfig(block_p=16, heads_per_program=1, block_n=16, flush_block_n=16, num_warps=4, flush_first=True)
+    assert _flush_first_block(cfg, 200) == 256 and _flush_first_block(cfg, 5000) == 0  # past one block
+    rows = LaunchConfig(block_p=16, heads_per_program=1, block_n=16, flush_block_n=16, num_warps=4)
+    assert _flush_first_block(rows, 200) == 0
 
 
-@pytest.mark.parametrize("L,P,BLOCK_P,HC,N,BLOCK_N,BLOCK_NF,early", [
-    (3, 8, 4, 1, 40, 16, 16, False),   # two 4-lane blocks, state dim in three flush tiles
-    (4, 16, 8, 2, 16, 16, 16, True),   # two heads per program, early loads: the first head's flush from them
-    (1, 16, 16, 1, 16, 16, 16, True),  # every step flushes: the window is the current token alone
-    (3, 16, 8, 2, 40, 64, 64, True),   # one masked flush tile wider than the state dim, from the early loads
+@pytest.mark.parametrize("L,P,BLOCK_P,HC,N,BLOCK_N,BLOCK_NF", [
+    (3, 8, 4, 1, 40, 16, 16),   # two 4-lane blocks, state dim in three flush tiles
+    (4, 16, 8, 2, 16, 16, 16),  # two heads per program, one tile (early loads): the first head's flush from them
+    (1, 16, 16, 1, 16, 16, 16),  # every step flushes: the window is the current token alone
+    (3, 16, 8, 2, 40, 64, 64),  # one masked flush tile wider than the state dim, from the early loads
 ])
-def test_replay_flush_fma_variant(L, P, BLOCK_P, HC, N, BLOCK_N, BLOCK_NF, early):
+def test_replay_flush_fma_variant(L, P, BLOCK_P, HC, N, BLOCK_N, BLOCK_NF):
     """The flush route with rank-1 fp32 updates (``flush_fma``, any BLOCK_P) matches the reference."""
-    from replayssm.kernels.mamba2.triton_decode import launch_mamba2_replay_decode, make_replay_config
+    from replayssm.kernels.mamba2.config import LaunchConfig
 
-    cfg = make_replay_config(4, P, N, 2, L, BLOCK_P=BLOCK_P, HC=HC, BLOCK_N=BLOCK_N, BLOCK_NF=BLOCK_NF,
-                             early_load=early, flush_fma=True)
-
-    def fn(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None, sp=True, out=None):
-        launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, sp, out,
-                                    False, config=cfg)
-        return out
-
+    fn = _launching(LaunchConfig(block_p=BLOCK_P, heads_per_program=HC, block_n=BLOCK_N, flush_block_n=BLOCK_NF,
+                                 num_warps=4, flush_fma=True))
     cursors = [L - 1, 0, -1] if L > 1 else [0, -1, 0]
     prob = Problem(3, 4, P, N, 2, L, torch.float32, torch.float32, DEV, cursors, seed=21 + L, has_z=True,
                    has_D=True, has_bias=True)
@@ -264,19 +218,13 @@ def test_replay_flush_fma_variant(L, P, BLOCK_P, HC, N, BLOCK_N, BLOCK_NF, early
 
 @pytest.mark.parametrize("fma", [False, True], ids=["dot-flush", "fma-flush"])
 def test_replay_runtime_layout_kernel(fma):
-    """``specialize=False`` (sizes and buffer strides as runtime arguments, ``_mamba2_replay_kernel_dyn``)
+    """``specialize=False`` (sizes and buffer strides as runtime arguments, ``replay_kernel_dyn``)
     runs the same program: equal to the reference on both routes, several heads and state tiles per
     program, with strided inputs."""
-    from replayssm.kernels.mamba2.triton_decode import launch_mamba2_replay_decode, make_replay_config
+    from replayssm.kernels.mamba2.config import LaunchConfig
 
-    cfg = make_replay_config(4, 16, 40, 2, 3, BLOCK_P=16, HC=2, BLOCK_N=16, BLOCK_NF=16, flush_fma=fma,
-                             specialize=False)
-    assert not cfg["specialize"]
-
-    def fn(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None, sp=True, out=None):
-        launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, sp, out,
-                                    False, config=cfg)
-        return out
+    fn = _launching(LaunchConfig(block_p=16, heads_per_program=2, block_n=16, flush_block_n=16, num_warps=4,
+                                 flush_fma=fma, specialize=False))
 
     prob = Problem(3, 4, 16, 40, 2, 3, torch.float32, torch.float32, DEV, [2, 0, -1], seed=31, has_z=True,
                    has_D=True, has_bias=True, strided=True)
@@ -286,63 +234,70 @@ def test_replay_runtime_layout_kernel(fma):
 
 
 def test_replay_config_needs_16_lanes_for_the_dot_flush():
-    from replayssm.kernels.mamba2.triton_decode import make_replay_config
+    from replayssm.kernels.mamba2.config import LaunchConfig
 
-    with pytest.raises(ValueError, match="BLOCK_P >= 16"):
-        make_replay_config(4, 16, 16, 2, 3, BLOCK_P=8, HC=1)
-    assert make_replay_config(4, 16, 16, 2, 3, BLOCK_P=8, HC=1, flush_fma=True)["flush_fma"]
+    with pytest.raises(ValueError, match="block_p >= 16"):
+        LaunchConfig(block_p=8, heads_per_program=1, block_n=16, flush_block_n=16, num_warps=4)
+    assert LaunchConfig(block_p=8, heads_per_program=1, block_n=16, flush_block_n=16, num_warps=4,
+                        flush_fma=True).flush_fma
+
+
+@pytest.mark.parametrize("knobs, message", [
+    (dict(block_p=12), "block_p must be a power of two"),
+    (dict(num_warps=3), "num_warps must be a power of two"),
+    (dict(heads_per_program=0), "heads_per_program must be positive"),
+    (dict(block_n=8, flush_block_n=8), "tiles must be at least 16 wide"),
+    (dict(dot_precision="bf16"), "dot_precision must be one of"),
+])
+def test_launch_config_is_validated(knobs, message):
+    from replayssm.kernels.mamba2.config import LaunchConfig
+
+    base = dict(block_p=16, heads_per_program=1, block_n=16, flush_block_n=16, num_warps=4)
+    with pytest.raises(ValueError, match=message):
+        LaunchConfig(**dict(base, **knobs))
 
 
 def test_default_config_takes_the_rank1_flush_route_only_where_measured_faster():
     """Up to batch 4, fp32 checkpoint, L <= 16: rank-1 flush route with 1 warp, or 4 when the grid
     fits one wave of 4-warp programs; the tl.dot route everywhere else."""
-    from replayssm.kernels.mamba2.triton_decode import replay_config
+    from replayssm.kernels.mamba2.config import default_config
 
     super_, m27 = (128, 64, 128, 8), (80, 64, 128, 1)
-    c = replay_config(1, *super_, 16, 4, 2, 132)
-    assert c["flush_fma"] and c["num_warps"] == 1
-    assert c["BLOCK_NF"] == c["BLOCK_N"] == 128  # one flush tile: the first head flushes from the early loads
-    c = replay_config(1, *m27, 8, 4, 2, 132)  # 320 programs <= 3 x 132
-    assert c["flush_fma"] and c["num_warps"] == 4 and c["BLOCK_NF"] == 64
+    c = default_config(1, *super_, 16, 4, 2, 132)
+    assert c.flush_fma and c.num_warps == 1
+    assert c.flush_block_n == c.block_n == 128  # one flush tile: the first head flushes from the early loads
+    c = default_config(1, *m27, 8, 4, 2, 132)  # 320 programs <= 3 x 132
+    assert c.flush_fma and c.num_warps == 4 and c.flush_block_n == 64
     for args in ((8, *super_, 16, 4, 2), (1, *super_, 32, 4, 2), (1, *super_, 16, 2, 2), (4, *m27, 16, 2, 2)):
-        c = replay_config(*args, 132)
-        assert not c["flush_fma"], args
-        assert c["num_warps"] == (1 if args[-2] == 2 else 2), args
+        c = default_config(*args, 132)
+        assert not c.flush_fma, args
+        assert c.num_warps == (1 if args[-2] == 2 else 2), args
 
 
 def test_default_heads_per_program():
     """About 8 programs per multiprocessor; at most a whole group of fewer than 16 heads, else 8 heads
     (shorter flush programs when only some rows flush), in chunks of equal size."""
-    from replayssm.kernels.mamba2.triton_decode import replay_config
+    from replayssm.kernels.mamba2.config import default_config, program_split
 
     nano, super_, m27 = (96, 80, 128, 8), (128, 64, 128, 8), (80, 64, 128, 1)
     for shape, Bt, hc, n_hc in ((nano, 256, 12, 1), (nano, 32, 6, 2), (super_, 256, 8, 2), (super_, 512, 8, 2),
                                 (super_, 32, 6, 3), (super_, 8, 1, 16), (m27, 256, 8, 10), (m27, 32, 4, 20),
                                 (m27, 1, 1, 80)):
         for s in (4, 2):
-            c = replay_config(Bt, *shape, 16, s, 2, 132)
-            assert (c["HC"], c["n_hc"]) == (hc, n_hc), (shape, Bt, s)
+            c = default_config(Bt, *shape, 16, s, 2, 132)
+            H, P, _, G = shape
+            assert (c.heads_per_program, program_split(c, H, P, G)[1]) == (hc, n_hc), (shape, Bt, s)
 
 
 def test_default_config_specializes_except_16bit_serving_batches():
-    """Compile-time sizes and strides everywhere but 16-bit checkpoint and activations above batch 8;
-    one software-pipelining stage everywhere (both measured faster)."""
-    from replayssm.kernels.mamba2.triton_decode import replay_config
+    """Compile-time sizes and strides everywhere but 16-bit checkpoint and activations above batch 8
+    (measured faster)."""
+    from replayssm.kernels.mamba2.config import default_config
 
     super_ = (128, 64, 128, 8)
     for Bt, s, a, spec in ((1, 4, 2, True), (256, 4, 2, True), (1, 2, 2, True), (8, 2, 2, True), (9, 2, 2, False),
                            (256, 2, 2, False), (256, 2, 4, True)):
-        c = replay_config(Bt, *super_, 16, s, a, 132)
-        assert c["specialize"] is spec and c["num_stages"] == 1, (Bt, s, a)
-
-
-def test_replay_config_rejects_unknown_arrival_ordering():
-    from replayssm.kernels.mamba2.triton_decode import make_replay_config
-
-    with pytest.raises(ValueError, match="advance must be"):
-        make_replay_config(4, 16, 16, 2, 3, BLOCK_P=16, HC=1, advance="counter")
-    with pytest.raises(ValueError, match="advance_sem must be"):
-        make_replay_config(4, 16, 16, 2, 3, BLOCK_P=16, HC=1, advance_sem="seq_cst")
+        assert default_config(Bt, *super_, 16, s, a, 132).specialize is spec, (Bt, s, a)
 
 
 def test_tolerance_catches_tf32_sized_drift():
@@ -402,8 +357,7 @@ def test_dispatch_backend_triton():
 
 def test_custom_ops_registered_and_traceable():
     """Both ops exist with the declared mutations, and a call traces without graph breaks."""
-    import replayssm.kernels.mamba2.ops  # noqa: F401
-    from replayssm.kernels.mamba2.triton_decode import mamba2_replay_decode_triton
+    from replayssm.kernels.mamba2.ops import mamba2_replay_decode_triton
 
     schema = str(torch.ops.replayssm.mamba2_replay_decode.default._schema)
     for name in ("state", "x_buf", "dt_buf", "B_buf", "cursor", "out"):

@@ -21,15 +21,26 @@ DTYPES = [F32, BF16, F16]
 
 
 def _replay():
-    from replayssm.kernels.mamba2.triton_decode import mamba2_replay_decode_triton
+    from replayssm.kernels.mamba2.ops import mamba2_replay_decode_triton
 
     return mamba2_replay_decode_triton
 
 
 def _step():
-    from replayssm.kernels.mamba2.triton_step import mamba2_step_decode_triton
+    from replayssm.kernels.mamba2.ops import mamba2_step_decode_triton
 
     return mamba2_step_decode_triton
+
+
+def _launching(cfg):
+    """A kernel function (the reference's signature) that launches the replay kernel with ``cfg``."""
+    from replayssm.kernels.mamba2.launch import launch_replay
+
+    def fn(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None, sp=True, out=None):
+        launch_replay(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, sp, out, False, None, cfg)
+        return out
+
+    return fn
 
 
 def _cursors(Bt, L, seed):
@@ -79,21 +90,16 @@ def test_production_shapes(shape, state_dtype, act_dtype):
 def test_both_kernels_at_a_serving_batch(specialize, state_dtype, act_dtype):
     """Both launches of the replay program (compile-time and runtime sizes) at batch 16, where a
     16-bit checkpoint takes the runtime kernel by default and an fp32 one the specialized kernel."""
+    import dataclasses
+
     from replayssm.kernels.backend import num_sms
-    from replayssm.kernels.mamba2.triton_decode import (launch_mamba2_replay_decode, make_replay_config, replay_config,
-                                                        replay_knobs)
+    from replayssm.kernels.mamba2.config import default_config
 
     H, P, N, G = PROD["super"]
     Bt, L = 16, 8
-    base = replay_config(Bt, H, P, N, G, L, state_dtype.itemsize, act_dtype.itemsize, num_sms("cuda", 0))
-    assert base["specialize"] is (state_dtype == F32) and base["num_stages"] == 1
-    cfg = make_replay_config(H, P, N, G, L, **dict(replay_knobs(base), specialize=specialize))
-
-    def fn(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None, sp=True, out=None):
-        launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, sp, out,
-                                    False, config=cfg)
-        return out
-
+    base = default_config(Bt, H, P, N, G, L, state_dtype.itemsize, act_dtype.itemsize, num_sms("cuda", 0))
+    assert base.specialize is (state_dtype == F32)
+    fn = _launching(dataclasses.replace(base, specialize=specialize))
     prob = Problem(Bt, H, P, N, G, L, state_dtype, act_dtype, "cuda", _cursors(Bt, L, 9), seed=10)
     w = check_replay_trajectory(fn, prob, steps=2 * L + 1, check_exact=state_dtype == F32)
     record(f"serving_batch[{specialize}-{state_dtype}-{act_dtype}]", w)
@@ -115,52 +121,31 @@ def test_large_batch_config_and_out_none(shape, state_dtype):
     programs first with the launch-wide cursor advance, the rows at desynchronised cursors; out=None
     zeroes idle rows."""
     from replayssm.kernels.backend import num_sms
-    from replayssm.kernels.mamba2.triton_decode import replay_config
+    from replayssm.kernels.mamba2.config import default_config, program_split
 
     H, P, N, G = PROD[shape]
     Bt, L = 64, 4
-    cfg = replay_config(Bt, H, P, N, G, L, state_dtype.itemsize, 2, num_sms("cuda", 0))
-    assert cfg["HC"] == 8 and cfg["n_hc"] == H // G // 8 and cfg["order"] == "flush_first"
+    cfg = default_config(Bt, H, P, N, G, L, state_dtype.itemsize, 2, num_sms("cuda", 0))
+    assert cfg.heads_per_program == 8 and program_split(cfg, H, P, G)[1] == H // G // 8 and cfg.flush_first
     prob = Problem(Bt, H, P, N, G, L, state_dtype, BF16, "cuda", _cursors(Bt, L, 7), seed=8, has_z=False)
     check_replay_trajectory(_replay(), prob, steps=2 * L + 1, use_out=False, check_exact=state_dtype == F32)
 
 
-@pytest.mark.parametrize("variant", ["split", "kernel-advance", "split-small-blocks", "split-specialised",
-                                     "split-specialised-kernel-advance", "acq-rel-arrival", "release-arrival",
-                                     "flush-fma-8-lanes", "flush-fma-two-warps", "counter-arrival",
-                                     "counter-arrival-split", "cursor-arrival-1920-programs"])
+@pytest.mark.parametrize("variant", ["dot-flush-4-warps", "one-head-16-lanes", "flush-fma-8-lanes",
+                                     "flush-fma-two-warps", "flush-fma-4-lanes-1920-programs"])
 def test_launch_variants(variant):
-    from replayssm.kernels.mamba2.triton_decode import launch_mamba2_replay_decode, make_replay_config
+    from replayssm.kernels.mamba2.config import LaunchConfig
 
     H, P, N, G = PROD["nano4b"]
     Bt, L = 5, 4
-    cfg = {"split": make_replay_config(H, P, N, G, L, BLOCK_P=32, HC=12, route="split"),
-           "kernel-advance": make_replay_config(H, P, N, G, L, BLOCK_P=32, HC=3, advance="kernel"),
-           "split-small-blocks": make_replay_config(H, P, N, G, L, BLOCK_P=8, HC=4, route="split"),
-           "split-specialised": make_replay_config(H, P, N, G, L, BLOCK_P=8, HC=4, num_warps=2, route="split",
-                                                   flush=dict(BLOCK_P=32, persistent=False)),
-           "split-specialised-kernel-advance": make_replay_config(H, P, N, G, L, BLOCK_P=32, HC=12, route="split",
-                                                                  advance="kernel",
-                                                                  flush=dict(persistent=False, HC=3)),
-           "acq-rel-arrival": make_replay_config(H, P, N, G, L, BLOCK_P=32, HC=3, advance_sem="acq_rel"),
-           "release-arrival": make_replay_config(H, P, N, G, L, BLOCK_P=16, HC=1, advance_sem="release"),
-           "flush-fma-8-lanes": make_replay_config(H, P, N, G, L, BLOCK_P=8, HC=4, num_warps=1, flush_fma=True),
-           "flush-fma-two-warps": make_replay_config(H, P, N, G, L, BLOCK_P=32, HC=3, BLOCK_NF=32, num_warps=2,
-                                                     early_load=True, flush_fma=True),
-           "counter-arrival": make_replay_config(H, P, N, G, L, BLOCK_P=32, HC=3, advance="atomic"),
-           "counter-arrival-split": make_replay_config(H, P, N, G, L, BLOCK_P=32, HC=12, route="split",
-                                                       advance="atomic"),
-           # 96 heads x 20 lane blocks: 1920 programs arrive on each row's cursor word
-           "cursor-arrival-1920-programs": make_replay_config(H, P, N, G, L, BLOCK_P=4, HC=1, num_warps=1,
-                                                              flush_fma=True, advance="cursor")}[variant]
-
-    def fn(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None, sp=True, out=None):
-        launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, sp, out,
-                                    False, config=cfg)
-        return out
-
+    cfg = {"dot-flush-4-warps": LaunchConfig(32, 3, 128, 64, 4),
+           "one-head-16-lanes": LaunchConfig(16, 1, 128, 64, 2),
+           "flush-fma-8-lanes": LaunchConfig(8, 4, 128, 64, 1, flush_fma=True),
+           "flush-fma-two-warps": LaunchConfig(32, 3, 128, 32, 2, flush_fma=True),
+           # 96 heads x 20 lane blocks: 1920 programs arrive at each row's counter
+           "flush-fma-4-lanes-1920-programs": LaunchConfig(4, 1, 128, 64, 1, flush_fma=True)}[variant]
     prob = Problem(Bt, H, P, N, G, L, F32, BF16, "cuda", _cursors(Bt, L, 9), seed=10)
-    check_replay_trajectory(fn, prob, steps=2 * L + 1)
+    check_replay_trajectory(_launching(cfg), prob, steps=2 * L + 1)
 
 
 @pytest.mark.parametrize("state_dtype,act_dtype", [(BF16, BF16), (F16, F16), (BF16, F32)],
@@ -168,17 +153,11 @@ def test_launch_variants(variant):
 def test_flush_fma_16bit_checkpoint(state_dtype, act_dtype):
     """The rank-1 flush route (default only with an fp32 checkpoint up to batch 4) with
     16-bit checkpoints, at a batch above 4, against the reference and the exact recurrence."""
-    from replayssm.kernels.mamba2.triton_decode import launch_mamba2_replay_decode, make_replay_config
+    from replayssm.kernels.mamba2.config import LaunchConfig
 
     H, P, N, G = PROD["super"]
     Bt, L = 6, 8
-    cfg = make_replay_config(H, P, N, G, L, BLOCK_P=16, HC=2, num_warps=1, early_load=True, flush_fma=True)
-
-    def fn(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None, sp=True, out=None):
-        launch_mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, sp, out,
-                                    False, config=cfg)
-        return out
-
+    fn = _launching(LaunchConfig(16, 2, 128, 64, 1, flush_fma=True))
     prob = Problem(Bt, H, P, N, G, L, state_dtype, act_dtype, "cuda", _cursors(Bt, L, 15), seed=16)
     w = check_replay_trajectory(fn, prob, steps=2 * L + 1)
     record(f"flush_fma[{state_dtype}-{act_dtype}]", w)
@@ -241,8 +220,7 @@ def test_cuda_graph_capture_equals_eager():
 
 
 def test_torch_compile_fullgraph():
-    from replayssm.kernels.mamba2.triton_decode import mamba2_replay_decode_triton
-    from replayssm.kernels.mamba2.triton_step import mamba2_step_decode_triton
+    from replayssm.kernels.mamba2.ops import mamba2_replay_decode_triton, mamba2_step_decode_triton
 
     H, P, N, G = 16, 32, 64, 4
     Bt, L = 4, 4
@@ -285,8 +263,11 @@ def test_opcheck_gpu():
 def test_tf32x3_matters():
     """The flush route's tl.dot with plain tf32 drifts measurably more than with tf32x3 (its
     default); the rank-1 fp32 flush route (the default at this batch) is as close as tf32x3."""
+    import dataclasses
+
+    from replayssm.kernels.mamba2.config import default_config
+    from replayssm.kernels.mamba2.launch import launch_replay
     from replayssm.kernels.mamba2.reference import mamba2_replay_decode_reference
-    from replayssm.kernels.mamba2.triton_decode import launch_mamba2_replay_decode, replay_config
 
     H, P, N, G = PROD["super"]
     Bt, L = 4, 16
@@ -298,12 +279,11 @@ def test_tf32x3_matters():
     for prec in ("tf32x3", "tf32", "fma"):
         k = prob.clone()
         out = torch.empty_like(x)
-        cfg = dict(replay_config(Bt, H, P, N, G, L, 4, 4, torch.cuda.get_device_properties(0).multi_processor_count))
-        assert cfg["flush_fma"]
+        cfg = default_config(Bt, H, P, N, G, L, 4, 4, torch.cuda.get_device_properties(0).multi_processor_count)
+        assert cfg.flush_fma
         if prec != "fma":
-            cfg.update(flush_fma=False, num_warps=2, dot_precision=prec)
-        launch_mamba2_replay_decode(x, dt, B, C, *k.mutable(), prob.A, prob.dt_bias, prob.D, None, True, out, False,
-                                    config=cfg)
+            cfg = dataclasses.replace(cfg, flush_fma=False, num_warps=2, dot_precision=prec)
+        launch_replay(x, dt, B, C, *k.mutable(), prob.A, prob.dt_bias, prob.D, None, True, out, False, None, cfg)
         errs[prec] = max((out - y_ref).abs().max().item(), (k.state - ref.state).abs().max().item())
     record("flush_error_by_dot_precision", errs)
     assert errs["tf32x3"] < 1e-4 and errs["fma"] < 1e-4

@@ -1,0 +1,436 @@
+"""Kernel benchmark: one layer's ReplaySSM decode step against per-step kernels, Mamba-2 and delta rule.
+
+For each (family, layer shape, batch, checkpoint dtype) it times, on the same data, in CUDA graphs,
+µs per layer step over whole L-step cycles (flush included), interleaved over ``--reps`` rounds
+(median kept), with the working set rotated through enough state copies to stay above the L2:
+
+* ``replay``: this checkout's kernels (``mamba2_replay_decode`` / ``delta_replay_decode``);
+* ``baseline`` (``--baseline-tree DIR``): the same public functions of another checkout's ``kernels/``
+  directory (e.g. ``git worktree add /tmp/old 3ff9c12``, then ``--baseline-tree /tmp/old/kernels``),
+  loaded in this process under another name;
+* ``step``: our fused per-step kernel (``mamba2_step_decode`` / ``delta_step_decode``);
+* with ``--others``: mamba_ssm's ``selective_state_update`` (its file in ``.bench_vendor/``),
+  flash-linear-attention's fused recurrent kernels (fp32 checkpoints, if importable), and
+  transformers' own decode path (eager, up to batch 256).
+
+Also the byte floor of replay and per-step updates over the copy bandwidth measured in the same
+run (``frac``). Writes ``kernels.json`` and ``kernels.md`` under ``--out`` (default ``out/bench``).
+``--smoke``: tiny shapes through the Triton interpreter on any machine (checks the script).
+Method and results: examples/benchmarks/README.md; tuning record: TUNING.md.
+
+    python examples/benchmarks/bench_kernels.py --batches 1,32,256 --baseline-tree /tmp/old/kernels
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import inspect
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from baselines import load_baseline_tree, load_fla, load_hf, load_mamba_ssm  # noqa: E402
+
+SHAPES = {  # mamba2: (H, P, N, G); delta: (Hk, HV, K, V, kda)
+    "mamba2": {"nemotron3-super": (128, 64, 128, 8), "nemotron3-nano-4b": (96, 80, 128, 8),
+               "mamba2-2.7b": (80, 64, 128, 1)},
+    "delta": {"qwen3.5-4b-gdn": (16, 32, 128, 128, False), "qwen3.5-122b-gdn": (16, 64, 128, 128, False),
+              "kimi-linear-kda": (32, 32, 128, 128, True)},
+}
+SMOKE_SHAPES = {"mamba2": {"smoke": (4, 16, 16, 2)},
+                "delta": {"smoke-gdn": (2, 4, 16, 16, False), "smoke-kda": (2, 2, 16, 16, True)}}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+L2_BYTES = 60e6
+ACT = torch.bfloat16
+
+
+class UsageError(Exception):
+    """Bad command-line input (one line, exit status 2)."""
+
+
+def _l2n(t):
+    return t / torch.sqrt((t * t).sum(-1, keepdim=True) + 1e-6)
+
+
+def copies_for(state_bytes: int) -> int:
+    """State copies so that one graph's working set is at least 4x the L2 (at most 64)."""
+    return max(1, min(64, math.ceil(4 * L2_BYTES / state_bytes)))
+
+
+# ----------------------------------------------------------------------------- Mamba-2
+
+class Mamba2Cell:
+    """One Mamba-2 layer: inputs, R checkpoint copies with their buffers (cursors from 0 or staggered)."""
+
+    def __init__(self, shape, Bt, sdt, L, dev, stagger, R=None):
+        H, P, N, G = shape
+        g = torch.Generator().manual_seed(0)
+        self.shape, self.Bt, self.sdt, self.L = shape, Bt, sdt, L
+        self.R = R or copies_for(Bt * H * P * N * sdt.itemsize)
+        self.A = (-(0.5 + torch.rand(H, generator=g))).to(dev)
+        self.dt_bias = (torch.randn(H, generator=g) * 0.5).to(dev)
+        self.D = torch.randn(H, generator=g).to(dev)
+        self.x = torch.randn(Bt, H, P, generator=g).to(ACT).to(dev)
+        self.dt = (torch.randn(Bt, H, generator=g) * 0.5 - 2.5).to(ACT).to(dev)
+        self.B = (torch.randn(Bt, G, N, generator=g) / math.sqrt(N)).to(ACT).to(dev)
+        self.C = (torch.randn(Bt, G, N, generator=g) / math.sqrt(N)).to(ACT).to(dev)
+        self.out = torch.empty(Bt, H, P, dtype=ACT, device=dev)
+        self.copies = []
+        for _ in range(self.R):
+            cur = (torch.arange(Bt, dtype=torch.int32) % L if stagger else torch.zeros(Bt, dtype=torch.int32))
+            self.copies.append((torch.randn(Bt, H, P, N, device=dev).to(sdt),
+                                torch.randn(Bt, H, L, P, device=dev).to(ACT), torch.rand(Bt, H, L, device=dev) * 0.1,
+                                (torch.randn(Bt, G, L, N, device=dev) / math.sqrt(N)).to(ACT), cur.to(dev)))
+
+    def replay(self, mod):
+        """Whole L-step cycles of ``mod.mamba2_replay_decode`` on every copy (cursors end where they began)."""
+        def body():
+            for _ in range(self.L):
+                for st, xb, db, bb, cur in self.copies:
+                    mod.mamba2_replay_decode(self.x, self.dt, self.B, self.C, st, xb, db, bb, cur, self.A,
+                                             self.dt_bias, self.D, None, True, self.out, backend="triton")
+        return body, self.L * self.R
+
+    def step(self, mod, n=4):
+        def body():
+            for _ in range(n):
+                for st, *_ in self.copies:
+                    mod.mamba2_step_decode(self.x, self.dt, self.B, self.C, st, self.A, self.dt_bias, self.D,
+                                           backend="triton")
+        return body, n * self.R
+
+    def hf_layout(self):
+        H, P, N, G = self.shape
+        return (self.dt[..., None].expand(self.Bt, H, P), self.A[:, None, None].expand(H, P, N),
+                self.D[:, None].expand(H, P), self.dt_bias[:, None].expand(H, P))
+
+    def others(self, extra):
+        """mamba_ssm's and transformers' per-step updates (same argument layout), as available."""
+        out = {}
+        dt, A, D, dtb = self.hf_layout()
+        for name, fn, n in (("mamba_ssm", extra.get("mamba_ssm"), 4), ("hf", extra.get("hf_mamba2"), 2)):
+            if fn is None or (name == "hf" and self.Bt > 256):
+                continue
+
+            def body(fn=fn, n=n):
+                for _ in range(n):
+                    for st, *_ in self.copies:
+                        fn(st, self.x, dt, A, self.B, self.C, D, z=None, dt_bias=dtb, dt_softplus=True)
+            out[name] = (body, n * self.R, name == "hf")  # (body, steps, eager)
+        return out
+
+    def floors(self):
+        """(replay, per-step) fewest bytes per step; the replay figure averaged over a cycle."""
+        H, P, N, G = self.shape
+        s, a, L, Bt = self.sdt.itemsize, ACT.itemsize, self.L, self.Bt
+        io = H * P * a + H * a + 2 * G * N * a + H * P * a
+        entry = H * P * a + H * 4 + G * N * a
+        replay = sum((2 if c == L - 1 else 1) * H * P * N * s + c * entry + entry + io + 8 for c in range(L)) / L
+        return Bt * replay, Bt * (2 * H * P * N * s + io)
+
+
+# ----------------------------------------------------------------------------- delta rule
+
+class DeltaCell:
+    """One delta-rule layer: inputs, R checkpoint copies with their rings (cursors from 0 or staggered)."""
+
+    def __init__(self, shape, Bt, sdt, L, dev, stagger, R=None):
+        Hk, HV, K, V, kda = shape
+        gen = torch.Generator().manual_seed(0)
+        self.shape, self.Bt, self.sdt, self.L, self.kda = shape, Bt, sdt, L, kda
+        self.R = R or copies_for(Bt * HV * K * V * sdt.itemsize)
+        self.q = (_l2n(torch.randn(Bt, Hk, K, generator=gen)) * K ** -0.5).to(ACT).to(dev)
+        self.k = _l2n(torch.randn(Bt, Hk, K, generator=gen)).to(ACT).to(dev)
+        self.v = torch.randn(Bt, HV, V, generator=gen).to(ACT).to(dev)
+        self.g = (-torch.exp(torch.randn(*((Bt, HV, K) if kda else (Bt, HV)), generator=gen) - 3.0)).to(dev)
+        self.beta = torch.sigmoid(torch.randn(Bt, HV, generator=gen)).to(dev)
+        self.out = torch.empty(Bt, HV, V, dtype=ACT, device=dev)
+        self.copies = []
+        for _ in range(self.R):
+            gb = -torch.rand(*((Bt, HV, L, K) if kda else (Bt, HV, L)), device=dev) * 0.05
+            cur = (torch.arange(Bt, dtype=torch.int32) % L if stagger else torch.zeros(Bt, dtype=torch.int32))
+            self.copies.append(((torch.randn(Bt, HV, K, V, device=dev) * 0.1).to(sdt),
+                                torch.randn(Bt, HV, L, V, device=dev).to(ACT),
+                                _l2n(torch.randn(Bt, Hk, L, K, device=dev)).to(ACT),
+                                gb.cumsum(2) if kda else gb, cur.to(dev)))
+
+    def inputs(self):
+        return self.q, self.k, self.v, self.g, self.beta
+
+    def replay(self, mod):
+        def body():
+            for _ in range(self.L):
+                for bufs in self.copies:
+                    mod.delta_replay_decode(*self.inputs(), *bufs, self.out, backend="triton")
+        return body, self.L * self.R
+
+    def step(self, mod, n=8):
+        def body():
+            for _ in range(n):
+                for st, *_ in self.copies:
+                    mod.delta_step_decode(*self.inputs(), st, backend="triton")
+        return body, n * self.R
+
+    def others(self, extra):
+        """transformers' decode function (fp32 state, eager, with its cache copy-back)."""
+        Hk, HV, K, V, kda = self.shape
+        fn = extra.get("hf_kda" if kda else "hf_gdn")
+        if fn is None or self.Bt > 256:
+            return {}
+        grp = HV // Hk
+        q, k = (t.repeat_interleave(grp, 1)[:, None] for t in (self.q, self.k))
+        st32 = torch.randn(self.Bt, HV, K, V, device=self.v.device) * 0.1
+        params = inspect.signature(fn).parameters
+        kw = {n: v for n, v in (("initial_state", st32), ("output_final_state", True),
+                                ("use_qk_l2norm_in_kernel", False)) if n in params}
+
+        def body():
+            o, new = fn(q, k, self.v[:, None], self.g[:, None], self.beta[:, None], **kw)
+            st32.copy_(new)  # the cache copy-back transformers does after the call
+        return {"hf": (body, 1, True)}
+
+    def floors(self):
+        Hk, HV, K, V, kda = self.shape
+        s, a, L, Bt = self.sdt.itemsize, ACT.itemsize, self.L, self.Bt
+        io = Hk * 2 * K * a + HV * (V * a + (4 * K if kda else 4) + 4) + HV * V * a
+        entry = HV * (V * a + (4 * K if kda else 4)) + Hk * K * a
+        replay = sum((2 if c == L - 1 else 1) * HV * K * V * s + c * entry + (0 if c == L - 1 else entry) + io + 8
+                     for c in range(L)) / L
+        return Bt * replay, Bt * (2 * HV * K * V * s + io)
+
+
+# ----------------------------------------------------------------------------- timing
+
+def copy_bandwidth(dev) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read + written (1 GiB each way)."""
+    import triton.testing
+
+    a = torch.empty(1 << 30, dtype=torch.uint8, device=dev).random_(0, 255)
+    b = torch.empty_like(a)
+    ms = triton.testing.do_bench(lambda: b.copy_(a), warmup=50, rep=300, return_mode="median")
+    return 2 * a.numel() / (ms * 1e-3)
+
+
+def time_steps(body, steps: int, eager: bool = False) -> float:
+    """Median µs per step of ``body`` (which runs ``steps`` steps), replayed as a CUDA graph (eager: as
+    is). ``body`` runs once first on a side stream (compiles; whole cycles leave the cursors where
+    they began). Without CUDA (a smoke run under the interpreter) the wall clock of one call."""
+    import time
+
+    if not torch.cuda.is_available():
+        body()
+        t0 = time.perf_counter()
+        body()
+        return (time.perf_counter() - t0) * 1e6 / steps
+    import triton.testing
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        body()
+    torch.cuda.current_stream().wait_stream(s)
+    fn, g = body, None
+    if not eager:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            body()
+        fn = g.replay
+    fn()
+    torch.cuda.synchronize()
+    return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median") * 1e3 / steps
+
+
+def bench_cell(family, name, shape, Bt, sdt, args, mods, extra, dev):
+    cell = (Mamba2Cell if family == "mamba2" else DeltaCell)(shape, Bt, sdt, args.L, dev, args.stagger,
+                                                             R=1 if args.smoke else None)
+    bodies = {"replay": (*cell.replay(mods["replay"][family]), False)}
+    if "baseline" in mods:
+        bodies["baseline"] = (*cell.replay(mods["baseline"][family]), False)
+    bodies["step"] = (*cell.step(mods["replay"][family]), False)
+    if args.others:
+        bodies.update(cell.others(extra))
+    times = {k: [] for k in bodies}
+    for _ in range(args.reps):  # interleaved rounds, median kept
+        for k, (fn, steps, eager) in bodies.items():
+            times[k].append(time_steps(fn, steps, eager))
+    if args.others and family == "delta" and sdt == torch.float32 and extra.get("fla"):
+        us = time_fla(name, Bt, args.reps)
+        if us is not None:
+            times["fla"] = [us]
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    replay_b, step_b = cell.floors()
+    ref = "baseline" if "baseline" in med else "replay"
+    floor = {"replay": replay_b, "baseline": replay_b}
+    return dict(family=family, shape=name, batch=Bt, checkpoint=str(sdt).replace("torch.", ""), copies=cell.R,
+                us={k: round(v, 3) for k, v in med.items()},
+                speed_vs_ref={k: round(med[ref] / v, 4) for k, v in med.items()},
+                frac_floor={k: float(f"{floor.get(k, step_b) / args.copy_bw * 1e6 / v:.4g}") for k, v in med.items()},
+                rounds=times)
+
+
+# ----------------------------------------------------------------------------- flash-linear-attention
+
+def time_fla(name, Bt, reps):
+    """fla's fused recurrent step (fp32 state, in place for KDA) in a child process, so that a fault in
+    a kernel that is not this project's (an illegal address ends the CUDA context) cannot end this
+    run; None (and the child's last line on stderr) when it fails."""
+    import subprocess
+
+    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--fla-child", json.dumps([name, Bt, reps])],
+                       capture_output=True, text=True, timeout=900)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if p.returncode == 0 and lines:
+        return json.loads(lines[-1])["us"]
+    print(f"bench_kernels: fla {name} batch {Bt}: exit {p.returncode}: "
+          f"{(p.stderr.strip().splitlines() or ['no output'])[-1][:300]}", file=sys.stderr)
+    return None
+
+
+def fla_child(spec: str) -> int:
+    """``time_fla``'s child: checks one fla step against our per-step kernel, then times it."""
+    import replayssm.kernels.delta as delta
+
+    name, Bt, reps = json.loads(spec)
+    shape = SHAPES["delta"][name]
+    fns, _ = load_fla()
+    fn = fns.get("kda" if shape[4] else "gdn")
+    cell = DeltaCell(shape, Bt, torch.float32, 16, torch.device("cuda"), False, R=1)
+    st = cell.copies[0][0]
+    # by keyword: fla's GDN entry takes (q, k, v, g, gk, gv, beta, ...)
+    kw = dict(g=cell.g[:, None], beta=cell.beta[:, None], output_final_state=True, scale=1.0)
+    if shape[4]:
+        kw["inplace_final_state"] = True
+    q4, k4, v4 = (t[:, None] for t in (cell.q, cell.k, cell.v))
+    ref = delta.delta_step_decode(*cell.inputs(), st.clone(), backend="triton").float()
+    diff = (fn(q4, k4, v4, initial_state=st.clone(), **kw)[0][:, 0].float() - ref).abs().max().item()
+    if not diff <= 1e-2 * max(1.0, ref.abs().max().item()):
+        print(f"fla's output differs from the per-step kernel's by {diff:.3g}; not timed", file=sys.stderr)
+        return 1
+    us = sorted(time_steps(lambda: fn(q4, k4, v4, initial_state=st, **kw), 1) for _ in range(reps))[reps // 2]
+    print(json.dumps({"us": us}), flush=True)
+    return 0
+
+
+# ----------------------------------------------------------------------------- command line
+
+def parse(argv):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--family", default="mamba2,delta", help="mamba2, delta or both (comma-separated)")
+    ap.add_argument("--shapes", help="comma-separated shape names (default: all of each family's)")
+    ap.add_argument("--batches", default="1,32,256")
+    ap.add_argument("--dtypes", default="float32,bfloat16", help="checkpoint dtypes")
+    ap.add_argument("--L", type=int, default=16, help="buffer length")
+    ap.add_argument("--reps", type=int, default=3, help="interleaved timing rounds (median kept)")
+    ap.add_argument("--stagger", action="store_true",
+                    help="row b starts at cursor b %% L (1/L of the rows flush at every step) instead of all at 0")
+    ap.add_argument("--baseline-tree", help="another checkout's kernels/ directory, timed beside this one")
+    ap.add_argument("--others", action="store_true", help="also mamba_ssm, flash-linear-attention, transformers")
+    ap.add_argument("--out", default="out/bench")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes, any device (checks the script only)")
+    args = ap.parse_args(argv)
+    args.family = args.family.split(",")
+    if not args.family or any(f not in SHAPES for f in args.family):
+        raise UsageError(f"--family takes mamba2, delta or both; got {','.join(args.family)!r}")
+    try:
+        args.batches = [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        raise UsageError(f"--batches takes comma-separated integers; got {args.batches!r}") from None
+    bad = [d for d in args.dtypes.split(",") if d not in DTYPES]
+    if bad:
+        raise UsageError(f"--dtypes: unknown {bad}; expected some of {sorted(DTYPES)}")
+    args.dtypes = [DTYPES[d] for d in args.dtypes.split(",")]
+    if args.L < 2 or args.reps < 1 or min(args.batches) < 1:
+        raise UsageError("--batches and --reps must be positive and --L at least 2")
+    table = SMOKE_SHAPES if args.smoke else SHAPES
+    args.cells = {f: dict(table[f]) for f in args.family}
+    if args.shapes:
+        wanted = args.shapes.split(",")
+        known = {s for f in args.family for s in table[f]}
+        if set(wanted) - known:
+            raise UsageError(f"--shapes: unknown {sorted(set(wanted) - known)}; expected some of {sorted(known)}")
+        args.cells = {f: {s: v for s, v in c.items() if s in wanted} for f, c in args.cells.items()}
+    if args.baseline_tree and not (Path(args.baseline_tree) / "mamba2" / "__init__.py").is_file():
+        raise UsageError(f"--baseline-tree: {args.baseline_tree!r} is not a kernels/ directory (no mamba2/__init__.py)")
+    if args.smoke:  # the interpreter is slow: short cycles, small batches, one round
+        args.L, args.reps, args.batches = min(args.L, 2), 1, [2]
+    return args
+
+
+def markdown(meta, rows):
+    cols = list(dict.fromkeys(k for r in rows for k in r["us"]))
+    cursors = "staggered, row b from b mod L" if meta["stagger"] else "all from 0"
+    out = [f"# Kernel benchmark, {meta['date']}", "",
+           f"{meta['gpu']}; torch {meta['torch']}, Triton {meta['triton']}; L = {meta['L']}; µs per layer step over "
+           f"whole cycles (flush included; cursors {cursors}); CUDA graphs (transformers eager); median of "
+           f"{meta['reps']} interleaved rounds; activations bf16. In brackets: speed relative to "
+           f"`{meta['reference']}`; `frac`: byte floor / time at the copy bandwidth of this run "
+           f"({meta['copy_bw_TBps']} TB/s). Command: `{meta['command']}`.", "",
+           "| family | shape | batch | checkpoint | " + " | ".join(f"`{c}`" for c in cols) + " | frac replay |",
+           "|---|---|---:|---|" + "---:|" * (len(cols) + 1)]
+    for r in rows:
+        cells = [f"{r['us'][c]:.2f} ({r['speed_vs_ref'][c]:.3f}x)" if c in r["us"] else "—" for c in cols]
+        out.append(f"| {r['family']} | {r['shape']} | {r['batch']} | {r['checkpoint']} | " + " | ".join(cells)
+                   + f" | {r['frac_floor']['replay']:.2f} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--fla-child"]:
+        return fla_child(argv[1])
+    try:
+        args = parse(argv)
+        if not torch.cuda.is_available():
+            if not args.smoke:
+                raise UsageError("needs a CUDA device (--smoke runs tiny shapes anywhere)")
+            os.environ.setdefault("TRITON_INTERPRET", "1")
+        import replayssm.kernels.delta as delta
+        import replayssm.kernels.mamba2 as mamba2
+
+        mods = {"replay": {"mamba2": mamba2, "delta": delta}}
+        if args.baseline_tree:
+            mods["baseline"] = load_baseline_tree(args.baseline_tree)
+    except UsageError as e:
+        print(f"bench_kernels: {e}", file=sys.stderr)
+        return 2
+    import triton
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    extra, notes = {}, {}
+    if args.others and dev.type == "cuda":
+        extra["hf_mamba2"], extra["hf_gdn"], extra["hf_kda"], notes["hf"] = load_hf()
+        extra["mamba_ssm"], notes["mamba_ssm"] = load_mamba_ssm()
+        extra["fla"], notes["fla"] = load_fla()
+    args.copy_bw = copy_bandwidth(dev) if dev.type == "cuda" else 1e11  # nominal on CPU (smoke runs only)
+    rows = []
+    for family, shapes in args.cells.items():
+        for name, shape in shapes.items():
+            for Bt in args.batches:
+                for sdt in args.dtypes:
+                    r = bench_cell(family, name, shape, Bt, sdt, args, mods, extra, dev)
+                    rows.append(r)
+                    print(json.dumps({k: v for k, v in r.items() if k != "rounds"}), flush=True)
+                    if dev.type == "cuda":
+                        torch.cuda.empty_cache()
+    meta = dict(date=datetime.date.today().isoformat(),
+                gpu=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (smoke run)",
+                torch=torch.__version__, triton=triton.__version__, L=args.L, reps=args.reps, stagger=args.stagger,
+                reference="baseline" if args.baseline_tree else "replay", baseline_tree=args.baseline_tree,
+                copy_bw_TBps=round(args.copy_bw / 1e12, 3), others=notes,
+                command="python examples/benchmarks/bench_kernels.py " + " ".join(argv))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kernels.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    (out / "kernels.md").write_text(markdown(meta, rows))
+    print(markdown(meta, rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

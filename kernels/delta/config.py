@@ -1,0 +1,117 @@
+"""Launch configuration of the delta-rule replay kernels and its defaults.
+
+``LaunchConfig`` holds the knobs of one replay step (the one-launch kernel for small batches, or
+the coefficient, output and flush launches); ``default_config`` picks them from the shapes alone,
+one rule per line with its reason. The measurements behind each rule:
+examples/benchmarks/TUNING.md, section "Delta rule".
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+
+__all__ = ["LaunchConfig", "SMALL_BATCH_MAX", "default_config"]
+
+#: batches up to this many rows run the one-launch kernel (launch latency dominates there)
+SMALL_BATCH_MAX = 4
+#: largest batch whose one-launch kernel reads the cursor with the arrival's atomic
+SMALL_BATCH_ARRIVE_FIRST = 2
+
+
+def _is_pow2(v: int) -> bool:
+    return v >= 1 and v & (v - 1) == 0
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Knobs of one delta-rule replay step.
+
+    one_launch: the one-launch kernel (K <= 256) instead of the three launches.
+    arrive_first: (one launch) the arrival's atomic also reads the cursor, before any load.
+    block_v, num_warps: value columns and warps of an output program (or one-launch program).
+    block_k: key-dim tile of the output launch, and of the flush launch unless ``flush_output``
+        (which takes the whole key dim in one tile); at most 256.
+    flush_block_v, flush_warps, flush_stages: the flush launch's column block, warps and
+        software-pipelining stages; flush_programs: its programs per multiprocessor.
+    coef_block_k: key-dim tile of the coefficient launch.
+    coef_per_key_head: (Gated DeltaNet) one coefficient program per key head, shared by its value
+        heads; coef_write_x: that launch also writes the decay-scaled k_c and q.
+    coef_windows: (KDA) ring windows, 1-3, a coefficient program picks from by its cursor.
+    flush_bf16_split: the flush's matrix product as three bf16 products of a hi/mid/lo split
+        (where the exact operand's ring is bf16; never under the interpreter).
+    flush_head_items: flush work items of a whole value head (its column blocks walked in turn).
+    flush_output: the flush launch computes the flush rows' step (the checkpoint read once).
+    flush_prefetch: the flush loads each column block's checkpoint tile one block ahead.
+    dependent_launch: the output launch starts under the coefficient launch's tail (programmatic
+        dependent launch, where the device supports it); otherwise the flush launch starts
+        under the output launch's.
+    """
+
+    one_launch: bool
+    block_v: int
+    num_warps: int
+    arrive_first: bool = False
+    block_k: int = 128
+    flush_block_v: int = 32
+    flush_warps: int = 2
+    flush_programs: int = 8
+    flush_stages: int = 1
+    coef_block_k: int = 128
+    coef_per_key_head: bool = False
+    coef_write_x: bool = True
+    coef_windows: int = 1
+    flush_bf16_split: bool = True
+    flush_head_items: bool = True
+    flush_output: bool = True
+    flush_prefetch: bool = False
+    dependent_launch: bool = False
+
+    def __post_init__(self):
+        for name in ("block_v", "num_warps", "block_k", "flush_block_v", "flush_warps", "coef_block_k"):
+            if not _is_pow2(getattr(self, name)):
+                raise ValueError(f"LaunchConfig.{name} must be a power of two; got {getattr(self, name)!r}")
+        if self.block_k > 256:
+            raise ValueError(f"LaunchConfig.block_k must be at most 256; got {self.block_k}")
+        if self.coef_windows not in (1, 2, 3):
+            raise ValueError(f"LaunchConfig.coef_windows must be 1, 2 or 3; got {self.coef_windows!r}")
+        if self.flush_programs < 1 or self.flush_stages < 1:
+            raise ValueError(f"LaunchConfig.flush_programs and flush_stages must be positive; got "
+                             f"{self.flush_programs}, {self.flush_stages}")
+
+
+@functools.lru_cache(maxsize=256)
+def default_config(Bt: int, K: int, V: int, state_dtype: torch.dtype, kda: bool) -> LaunchConfig:
+    """The replay step for ``Bt`` rows of a layer with key / value dims ``K`` / ``V``, a checkpoint of
+    ``state_dtype``, KDA (per-channel decays) or Gated DeltaNet."""
+    bk = min(triton.next_power_of_2(K), 256)
+    if Bt <= SMALL_BATCH_MAX and bk == triton.next_power_of_2(K):
+        # one launch at batch 1-4 (launch latency); the atomic reads the cursor up to batch 2
+        return LaunchConfig(one_launch=True, block_v=32 if bk <= 128 else 16, num_warps=4 if bk <= 128 else 8,
+                            arrive_first=Bt <= SMALL_BATCH_ARRIVE_FIRST, block_k=bk)
+    if bk >= 256:  # (not tuned: the first choices, kept)
+        return LaunchConfig(one_launch=False, block_v=32, num_warps=8, block_k=bk, flush_block_v=16, flush_warps=8,
+                            flush_programs=4, flush_stages=2, coef_block_k=64, flush_bf16_split=False,
+                            flush_head_items=False, flush_output=False)
+    fp32 = state_dtype.itemsize == 4
+    # output programs of 1-2 warps (the key-dim reduction crosses warps); 64 columns for GDN fp32
+    block_v, warps = (32, 1) if not fp32 else ((32, 2) if kda else (64, 2))
+    # GDN with 16-bit checkpoints: the output launch keeps the flush rows (its checkpoint load would
+    # wait for the cursor), and the flush runs 128-column items on 2 programs per SM with 4 warps
+    gdn16 = not kda and not fp32
+    return LaunchConfig(
+        one_launch=False, block_v=block_v, num_warps=warps, block_k=bk,
+        flush_block_v=128 if gdn16 else 32, flush_warps=4 if gdn16 else 2, flush_programs=2 if gdn16 else 8,
+        # 2-stage flush item loop only where neither whole-head items (KDA) nor prefetching (GDN fp32) run
+        flush_stages=1 if kda or fp32 else 2,
+        coef_block_k=128,
+        coef_per_key_head=not kda,  # GDN: ring-key products once per key head
+        coef_write_x=fp32,  # GDN fp32: the coefficient launch writes the scaled k_c and q
+        coef_windows=3 if kda else 1,  # KDA: half and quarter windows for rows with few entries
+        flush_output=not gdn16,  # the flush launch computes the flush rows' step
+        flush_prefetch=not kda and fp32,  # GDN fp32: each column block's checkpoint tile a block ahead
+        dependent_launch=kda and fp32,  # KDA fp32: the output launch under the coefficient launch's tail
+    )

@@ -1,0 +1,137 @@
+"""Launch configurations of the Mamba-2 kernels and their defaults.
+
+``LaunchConfig`` holds the knobs of the replay launch, ``StepConfig`` those of the per-step
+baseline; ``default_config`` / ``step_config`` pick them from the shapes alone (no device work),
+one rule per line with its reason. The measurements behind each rule:
+examples/benchmarks/TUNING.md, section "Mamba-2".
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import triton
+
+__all__ = ["LaunchConfig", "StepConfig", "default_config", "pow2", "program_split", "step_config"]
+
+DOT_PRECISIONS = (None, "tf32", "tf32x3", "ieee")
+
+
+def pow2(v: int) -> int:
+    return triton.next_power_of_2(max(1, int(v)))
+
+
+def _is_pow2(v: int) -> bool:
+    return v >= 1 and v & (v - 1) == 0
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Knobs of one replay launch.
+
+    block_p: head-dim lanes per program (a power of two; at least 16 for the ``tl.dot`` flush).
+    heads_per_program: heads of one group a program walks (rounded to chunks of equal size).
+    block_n: state-dim tile of the output-only route; ``>= N`` means one tile, whose loads (the
+        first head's) are issued before the cursor is known.
+    flush_block_n: state-dim tile of the flush route.
+    num_warps: warps per program.
+    flush_fma: the flush window update as rank-1 fp32 updates instead of a ``tl.dot``.
+    specialize: sizes and checkpoint / ring strides compiled in (one compile per layer shape).
+    flush_first: the flushing rows' programs run first; the cursor advance is then counted
+        launch-wide (batches up to ``persistent.FLUSH_ROWS``; larger ones keep row order).
+    dot_precision: input precision of the flush ``tl.dot`` on fp32 operands (None: ``tf32x3``,
+        ``ieee`` under the interpreter).
+    """
+
+    block_p: int
+    heads_per_program: int
+    block_n: int
+    flush_block_n: int
+    num_warps: int
+    flush_fma: bool = False
+    specialize: bool = True
+    flush_first: bool = False
+    dot_precision: str | None = None
+
+    def __post_init__(self):
+        for name in ("block_p", "block_n", "flush_block_n", "num_warps"):
+            if not _is_pow2(getattr(self, name)):
+                raise ValueError(f"LaunchConfig.{name} must be a power of two; got {getattr(self, name)!r}")
+        if self.heads_per_program < 1:
+            raise ValueError(f"LaunchConfig.heads_per_program must be positive; got {self.heads_per_program!r}")
+        if self.block_n < 16 or self.flush_block_n < 16:
+            raise ValueError(f"LaunchConfig tiles must be at least 16 wide; got block_n={self.block_n}, "
+                             f"flush_block_n={self.flush_block_n}")
+        if not self.flush_fma and self.block_p < 16:
+            raise ValueError(f"the flush route's tl.dot needs block_p >= 16 (or flush_fma=True); got {self.block_p}")
+        if self.dot_precision not in DOT_PRECISIONS:
+            raise ValueError(f"LaunchConfig.dot_precision must be one of {DOT_PRECISIONS}; got {self.dot_precision!r}")
+
+
+def program_split(cfg: LaunchConfig, H: int, P: int, G: int) -> tuple[int, int, int]:
+    """(heads per program, head chunks per group, lane blocks per head) of ``cfg`` on a layer of
+    ``H`` heads of ``P`` lanes in ``G`` groups: the chunks of a group are made equal."""
+    HPG = H // G
+    n_hc = triton.cdiv(HPG, max(1, min(cfg.heads_per_program, HPG)))
+    return triton.cdiv(HPG, n_hc), n_hc, triton.cdiv(P, cfg.block_p)
+
+
+@functools.lru_cache(maxsize=1024)
+def default_config(Bt: int, H: int, P: int, N: int, G: int, L: int, state_bytes: int, act_bytes: int,
+                   n_sm: int) -> LaunchConfig:
+    """The replay launch for ``Bt`` rows of a layer (H, P, N, G), buffer length L, checkpoint and
+    activations of ``state_bytes`` / ``act_bytes`` bytes, ``n_sm`` multiprocessors."""
+    HPG = H // G
+    small, lowp = Bt <= 4, state_bytes == 2 and act_bytes == 2
+    # one state tile per head up to N = 256 (its loads then go out before the cursor is read)
+    block_n = max(16, min(pow2(N), 256)) if N <= 256 else 128
+    # 32 lanes x 128 columns (16 KB fp32) per tile; 16 lanes up to batch 4 (P = 80 wastes 32-lane blocks)
+    block_p = 16 if small else max(16, min(pow2(P), 4096 // block_n))
+    n_pb = triton.cdiv(P, block_p)
+    # ~8 programs per SM; at most 8 heads of a group of 16+ (shorter flush programs when rows are staggered)
+    hc = max(1, min(HPG if HPG < 16 else 8, (Bt * G * n_pb * HPG) // (8 * n_sm)))
+    # 64-column flush tiles, halved for windows over 16 slots (registers)
+    block_nf = max(16, min(block_n, 64 * 16 // max(16, pow2(L))))
+    # 2 warps (1 with 16-bit operands: an fp32 flush tile spills there): reductions stay in a warp
+    warps = 1 if lowp else 2
+    # compiled-in layout, except 16-bit checkpoint and activations above batch 8 (runtime layout faster)
+    specialize = not lowp or Bt <= 8
+    # rank-1 fp32 flush up to batch 4 with an fp32 checkpoint and L <= 16 (fits one warp, no spills)
+    flush_fma = small and not lowp and pow2(L) <= 16
+    if flush_fma:
+        # 4 warps when the grid fits one wave of 4-warp programs (3 per SM), else 1 warp
+        warps = 4 if Bt * G * triton.cdiv(HPG, hc) * n_pb <= 3 * n_sm else 1
+        if warps == 1:
+            block_nf = block_n  # one flush tile: the first head flushes from the early loads
+    # from batch 32 the flushing rows' programs first (staggered cursors no longer wait for them)
+    flush_first = Bt >= 32
+    hc = program_split(LaunchConfig(block_p, hc, block_n, block_nf, warps, flush_fma), H, P, G)[0]
+    return LaunchConfig(block_p, hc, block_n, block_nf, warps, flush_fma=flush_fma, specialize=specialize,
+                        flush_first=flush_first)
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """Knobs of the per-step baseline launch: lanes per program, state-dim tile, warps."""
+
+    block_p: int
+    block_n: int
+    num_warps: int = 4
+
+    def __post_init__(self):
+        for name in ("block_p", "block_n", "num_warps"):
+            if not _is_pow2(getattr(self, name)):
+                raise ValueError(f"StepConfig.{name} must be a power of two; got {getattr(self, name)!r}")
+
+
+@functools.lru_cache(maxsize=1024)
+def step_config(Bt: int, H: int, P: int, N: int, state_bytes: int, n_sm: int) -> StepConfig:
+    """The per-step launch for ``Bt`` rows of a layer (H, P, N) with a ``state_bytes`` state."""
+    block_n = max(16, min(pow2(N), 256)) if N <= 256 else 128
+    if state_bytes == 4:  # fp32 state: small tiles, two warps (best of the sweep, 95% of the byte floor)
+        return StepConfig(max(1, min(pow2(P), 1024 // block_n)), block_n, num_warps=2)
+    block_p = max(4, min(pow2(P), 4096 // block_n))
+    while block_p > 8 and Bt * H * triton.cdiv(P, block_p) < 4 * n_sm:  # at least 4 programs per SM
+        block_p //= 2
+    return StepConfig(block_p, block_n)

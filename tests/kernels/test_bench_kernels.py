@@ -1,0 +1,47 @@
+"""examples/benchmarks/bench_kernels.py runs (``--smoke``: tiny shapes through the Triton interpreter)
+and refuses bad input with one line and exit status 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = str(ROOT / "examples" / "benchmarks" / "bench_kernels.py")
+ENV = dict(os.environ, TRITON_INTERPRET="1", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+
+
+def test_smoke_run_times_both_families_and_a_baseline_tree(tmp_path):
+    """Every family's smoke shapes, fp32 checkpoints, with this checkout's own kernels/ as the baseline
+    tree (loaded beside the installed kernels, custom operators renamed): a replay, baseline and
+    per-step time for every row, the baseline as the reference, and both output files."""
+    proc = subprocess.run([sys.executable, SCRIPT, "--smoke", "--dtypes", "float32", "--baseline-tree",
+                           str(ROOT / "kernels"), "--out", str(tmp_path)], capture_output=True, text=True, env=ENV,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads((tmp_path / "kernels.json").read_text())
+    assert [(r["family"], r["shape"], r["batch"], r["checkpoint"]) for r in data["rows"]] == [
+        ("mamba2", "smoke", 2, "float32"), ("delta", "smoke-gdn", 2, "float32"), ("delta", "smoke-kda", 2, "float32")]
+    for r in data["rows"]:
+        assert list(r["us"]) == ["replay", "baseline", "step"] and all(v > 0 for v in r["us"].values())
+        assert r["speed_vs_ref"]["baseline"] == 1.0 and r["frac_floor"]["replay"] > 0
+    assert data["meta"]["reference"] == "baseline" and data["meta"]["L"] == 2
+    md = (tmp_path / "kernels.md").read_text()
+    assert "| delta | smoke-kda | 2 | float32 |" in md and "`baseline`" in md
+
+
+def test_bad_input_is_refused_in_one_line(tmp_path):
+    for args, message in ((["--family", "mamba3"], "--family takes mamba2, delta or both"),
+                          (["--batches", "x"], "--batches takes comma-separated integers"),
+                          (["--dtypes", "int8"], "--dtypes: unknown"),
+                          (["--shapes", "nope"], "--shapes: unknown ['nope']"),
+                          (["--L", "1"], "--L at least 2"),
+                          (["--baseline-tree", str(tmp_path)], "is not a kernels/ directory")):
+        bad = subprocess.run([sys.executable, SCRIPT, "--smoke", *args, "--out", str(tmp_path / "bad")],
+                             capture_output=True, text=True, env=ENV, timeout=300)
+        assert bad.returncode == 2 and message in bad.stderr, (args, bad.stderr[-500:])
+        assert "Traceback" not in bad.stderr
+    assert not (tmp_path / "bad").exists()
