@@ -170,3 +170,21 @@ def test_two_models_keep_their_own_graphs(cpu_graphs):
     finally:
         replayssm.unpatch(a)
         replayssm.unpatch(b)
+
+
+@pytest.mark.parametrize("family", ["qwen4_exp", "glm5_next"])
+def test_indexed_attention_layers_decode_eagerly(family, cpu_graphs, caplog):
+    """Families whose static cache has sparse-attention (indexed) layers are not captured: eager, same tokens."""
+    model = tiny(family)
+    ids, mask = left_padded_batch(seed=8, batch=2)
+    kw = dict(attention_mask=mask, do_sample=False, pad_token_id=0, max_new_tokens=6, min_new_tokens=6)
+    try:
+        replayssm.patch(model, buffer_len=3)
+        ref = model.generate(ids, **kw)
+        replayssm.patch(model, buffer_len=3, cuda_graphs=True)
+        with caplog.at_level(logging.WARNING, logger="replayssm"):
+            out = model.generate(ids, **kw)
+        assert torch.equal(out, ref) and replayssm.graph_report(model) == [] and not cpu_graphs
+        assert "StaticIndexedLayer" in caplog.text
+    finally:
+        replayssm.unpatch(model)

@@ -12,6 +12,14 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 
+def _unsafe(model):
+    from transformers import StaticCache
+
+    from replayssm.patches.graph_decode import GraphDecoder
+
+    return GraphDecoder._unsafe_layers(StaticCache(config=model.config, max_cache_len=8))
+
+
 def _both(model, ids, mask, patch_kw, **kw):
     replayssm.patch(model, **patch_kw)
     eager = generate(model, ids, mask, **kw)
@@ -35,7 +43,10 @@ def test_graphs_equal_eager_fp32(family):
                                  min_new_tokens=20)
             assert torch.equal(seq, eager.sequences)
             report = [r for r in replayssm.graph_report(model) if r["batch_size"] == batch]
-            assert report and report[0]["captured"] and report[0]["fallback"] is None, report
+            if _unsafe(model):  # e.g. sparse-attention (indexed) cache layers: eager, same tokens
+                assert report == []
+            else:
+                assert report and report[0]["captured"] and report[0]["fallback"] is None, report
     finally:
         replayssm.unpatch(model)
         model.cpu()
