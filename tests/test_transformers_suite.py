@@ -33,7 +33,7 @@ def test_generate_runs_the_replay_path():
 
 def test_the_outer_model_is_patched_not_its_inner_model_separately():
     model = transformers.AutoModelForCausalLM.from_config(tiny_config("tiny:nemotron_h"))
-    names = [layer["name"] for layer in getattr(model.config, "replayssm", {"layers": []})["layers"]]
+    names = [record.name for record in replayssm.replayssm_report(model).get("rewritten", [])]
     assert all(name.startswith("model.") for name in names) and bool(names) == PATCHED
 
 
