@@ -27,6 +27,7 @@ from replayssm.kernels.conv import ACTIVATIONS, conv_update
 from . import compat
 from .cache_state import (ReplayBuffers, attach_buffers, cache_arrivals, detach_buffers, forget, get_buffers,
                           live_layers)
+from .kinds import LayerKind
 from .options import LayerReplayOptions
 
 OPTIONS_ATTR = "_replayssm_options"
@@ -35,15 +36,16 @@ OPTIONS_ATTR = "_replayssm_options"
 class ReplayMixin:
     """Base of the per-family replay mixins. Subclasses implement the ``_replay_*`` hooks."""
 
-    #: "mamba2" | "gated_deltanet" | "kda"
-    replay_kind: str = ""
+    #: the layer kind this mixin rewrites (``kinds.KINDS``): its shapes and buffer specs
+    layer_kind: LayerKind
     #: whether the family's kernel counts arrivals in the cache's shared counters
     #: (``buffers.extra["arrivals"]``, from ``cache_arrivals``)
     uses_arrival_counters: bool = False
 
     # ----------------------------------------------------------------- hooks
     def _replay_buffer_specs(self, batch: int, act_dtype: torch.dtype) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        raise NotImplementedError
+        kind = self.layer_kind
+        return kind.buffer_specs(kind.shapes(self), batch, self.replay_options.buffer_len, act_dtype)
 
     def _replay_step(self, hidden_states, layer, buffers: ReplayBuffers, attention_mask):
         raise NotImplementedError

@@ -25,6 +25,7 @@ from . import compat
 from .base import ReplayMixin, apply_padding_mask
 from .cache_state import ReplayBuffers
 from .fused_norm import gated_norm
+from .kinds import GATED_DELTANET, KDA
 
 
 class _DeltaReplayMixin(ReplayMixin):
@@ -47,15 +48,7 @@ class _DeltaReplayMixin(ReplayMixin):
 class ReplayGatedDeltaNetMixer(_DeltaReplayMixin):
     """Replay decode for the Gated DeltaNet mixers (scalar log-decay per value head)."""
 
-    replay_kind = "gated_deltanet"
-
-    def _replay_buffer_specs(self, batch, act_dtype):
-        L = self.replay_options.buffer_len
-        return {
-            "u_buf": ((batch, self.num_v_heads, L, self.head_v_dim), act_dtype),
-            "k_buf": ((batch, self.num_k_heads, L, self.head_k_dim), act_dtype),
-            "g_buf": ((batch, self.num_v_heads, L), torch.float32),
-        }
+    layer_kind = GATED_DELTANET
 
     def _project(self, h: torch.Tensor):
         """h (B, 1, hidden) -> mixed_qkv (B, conv_dim), gate z (B, Hv, dv), b, a (B, Hv), beta scale."""
@@ -96,15 +89,7 @@ class ReplayGatedDeltaNetMixer(_DeltaReplayMixin):
 class ReplayKimiDeltaMixer(_DeltaReplayMixin):
     """Replay decode for the Kimi Delta Attention mixers (log-decay per key channel)."""
 
-    replay_kind = "kda"
-
-    def _replay_buffer_specs(self, batch, act_dtype):
-        L, H, D = self.replay_options.buffer_len, self.num_heads, self.head_dim
-        return {
-            "u_buf": ((batch, H, L, D), act_dtype),
-            "k_buf": ((batch, H, L, D), act_dtype),
-            "g_buf": ((batch, H, L, D), torch.float32),
-        }
+    layer_kind = KDA
 
     def _replay_step(self, hidden_states, layer, buffers: ReplayBuffers, attention_mask):
         batch = hidden_states.shape[0]

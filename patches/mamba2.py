@@ -19,22 +19,14 @@ from . import compat
 from .base import ReplayMixin, apply_padding_mask
 from .cache_state import ReplayBuffers
 from .fused_norm import gated_norm
+from .kinds import MAMBA2
 
 
 class ReplayMamba2Mixer(ReplayMixin):
     """Replay decode for every Mamba-2-type mixer (mixed in before the original class)."""
 
-    replay_kind = "mamba2"
+    layer_kind = MAMBA2
     uses_arrival_counters = True
-
-    def _replay_buffer_specs(self, batch, act_dtype):
-        L = self.replay_options.buffer_len
-        H, P, G, N = self.num_heads, self.head_dim, self.n_groups, self.ssm_state_size
-        return {
-            "x_buf": ((batch, H, L, P), act_dtype),
-            "dt_buf": ((batch, H, L), torch.float32),
-            "B_buf": ((batch, G, L, N), act_dtype),
-        }
 
     def _replay_materialize(self, state, buffers: ReplayBuffers):
         t = buffers.tensors

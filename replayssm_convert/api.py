@@ -7,7 +7,8 @@ from typing import Iterable
 import torch
 
 from replayssm.patches.options import LayerReplayOptions
-from replayssm.patches.registry import KIND_LABELS, MIXER_KINDS, replay_class_for, restore_class
+from replayssm.patches.kinds import KINDS
+from replayssm.patches.registry import replay_class_for, restore_class
 from replayssm.patches.base import OPTIONS_ATTR
 from replayssm.patches.graph_decode import GraphDecoder
 
@@ -20,10 +21,7 @@ _UNSET = object()
 
 
 def _supported_families() -> str:
-    kinds: dict[str, list[str]] = {}
-    for cls, kind in MIXER_KINDS.items():
-        kinds.setdefault(KIND_LABELS[kind], []).append(cls)
-    return "; ".join(f"{k}: {', '.join(v)}" for k, v in kinds.items())
+    return "; ".join(f"{k.label}: {', '.join(k.mixer_classes)}" for k in KINDS.values())
 
 
 def _top_config(model):

@@ -7,19 +7,18 @@ from typing import Any
 
 import torch
 
-from replayssm.patches.registry import KIND_LABELS, classify_mixer, original_class, rewrite_blocker
-
-_FP32 = 4
+from replayssm.patches.kinds import KINDS
+from replayssm.patches.registry import classify_mixer, original_class, rewrite_blocker
 
 
 @dataclass(frozen=True)
 class SSMLayerInfo:
     """One SSM layer.
 
-    name: qualified module name. kind: "mamba2" | "gated_deltanet" | "kda" | "mamba1".
-    shapes: per kind — mamba2: num_heads, head_dim, state_size, n_groups; gated_deltanet:
-    num_k_heads, num_v_heads, head_k_dim, head_v_dim; kda: num_heads, head_dim; mamba1:
-    intermediate_size, state_size. state_bytes: fp32 recurrent-state bytes per sequence.
+    name: qualified module name. kind: a ``replayssm.patches.kinds.KINDS`` name ("mamba2",
+    "gated_deltanet", "kda", "mamba1"). shapes: what that kind's shape reader returns (e.g.
+    mamba2: num_heads, head_dim, state_size, n_groups). state_bytes: fp32 recurrent-state
+    bytes per sequence.
     """
 
     name: str
@@ -36,54 +35,17 @@ class SSMLayerInfo:
 
     @property
     def kind_label(self) -> str:
-        return KIND_LABELS.get(self.kind, self.kind)
+        kind = KINDS.get(self.kind)
+        return kind.label if kind is not None else self.kind
 
     def buffer_bytes(self, buffer_len: int, act_bytes: int = 2) -> int:
         """Extra bytes per sequence of the ring buffer at length ``buffer_len``."""
-        s, L = self.shapes, buffer_len
-        if self.kind == "mamba2":
-            return L * (s["num_heads"] * s["head_dim"] * act_bytes + s["num_heads"] * _FP32
-                        + s["n_groups"] * s["state_size"] * act_bytes)
-        if self.kind == "gated_deltanet":
-            return L * (s["num_v_heads"] * s["head_v_dim"] * act_bytes + s["num_k_heads"] * s["head_k_dim"] * act_bytes
-                        + s["num_v_heads"] * _FP32)
-        if self.kind == "kda":
-            return L * s["num_heads"] * s["head_dim"] * (2 * act_bytes + _FP32)
-        return 0
+        return KINDS[self.kind].buffer_bytes(self.shapes, buffer_len, act_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["kind_label"] = self.kind_label
         return d
-
-
-def _int(module, *names, default=0) -> int:
-    for n in names:
-        v = getattr(module, n, None)
-        if isinstance(v, int):
-            return v
-    return default
-
-
-def _shapes(module: torch.nn.Module, kind: str) -> tuple[dict[str, int], int]:
-    if kind == "mamba2":
-        H = _int(module, "num_heads")
-        P = _int(module, "head_dim")
-        N = _int(module, "ssm_state_size")
-        G = _int(module, "n_groups", default=1)
-        if not H and hasattr(module, "A_log"):
-            H = int(module.A_log.shape[0])
-        return {"num_heads": H, "head_dim": P, "state_size": N, "n_groups": G}, H * P * N * _FP32
-    if kind == "gated_deltanet":
-        hk, hv = _int(module, "num_k_heads"), _int(module, "num_v_heads")
-        dk, dv = _int(module, "head_k_dim"), _int(module, "head_v_dim")
-        return {"num_k_heads": hk, "num_v_heads": hv, "head_k_dim": dk, "head_v_dim": dv}, hv * dk * dv * _FP32
-    if kind == "kda":
-        h, d = _int(module, "num_heads"), _int(module, "head_dim", "head_k_dim")
-        return {"num_heads": h, "head_dim": d}, h * d * d * _FP32
-    inner = _int(module, "intermediate_size")
-    n = _int(module, "ssm_state_size")
-    return {"intermediate_size": inner, "state_size": n}, inner * n * _FP32
 
 
 def find_ssm_layers(model: torch.nn.Module) -> list[SSMLayerInfo]:
@@ -100,16 +62,16 @@ def find_ssm_layers(model: torch.nn.Module) -> list[SSMLayerInfo]:
         if found is None:
             continue
         kind, known = found
-        shapes, state_bytes = _shapes(module, kind)
+        shapes = kind.shapes(module)
         reason = rewrite_blocker(module)
         records.append(
             SSMLayerInfo(
                 name=name,
-                kind=kind,
+                kind=kind.name,
                 class_name=original_class(module).__name__,
                 layer_idx=getattr(module, "layer_idx", None),
                 shapes=shapes,
-                state_bytes=state_bytes,
+                state_bytes=kind.state_bytes(shapes),
                 can_rewrite=reason is None,
                 reason=reason,
                 patched=type(module) is not original_class(module),

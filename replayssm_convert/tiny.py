@@ -21,6 +21,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from .errors import CacheError, ModelSpecError
@@ -37,6 +38,30 @@ _COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, pad_token_id=0, bos_token_i
 _LIN3FULL = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
 
 
+@dataclass(frozen=True)
+class TinyFamily:
+    """A model family: its ``model_type``, the layer kind of its SSM layers (a name in
+    ``replayssm.patches.kinds.KINDS``), how many SSM layers its tiny model has, and the
+    builder of its tiny config."""
+
+    model_type: str
+    kind: str
+    ssm_layers: int
+    build_config: Callable[[], Any]
+
+
+#: model_type -> family, in declaration order: Mamba-2, delta-rule, then Mamba-1 families
+TINY_FAMILIES: dict[str, TinyFamily] = {}
+
+
+def declare_family(model_type: str, kind: str, *, ssm_layers: int):
+    """Declare a family: decorates the builder of its tiny config."""
+    def register(build: Callable[[], Any]) -> Callable[[], Any]:
+        TINY_FAMILIES[model_type] = TinyFamily(model_type, kind, ssm_layers, build)
+        return build
+    return register
+
+
 def _cfg(cls_name: str, **kwargs) -> Any:
     import transformers
 
@@ -49,11 +74,13 @@ def _cfg(cls_name: str, **kwargs) -> Any:
     return cls(**_COMMON, **kwargs)
 
 
+@declare_family("mamba2", "mamba2", ssm_layers=2)
 def _mamba2():
     return _cfg("Mamba2Config", num_hidden_layers=2, num_heads=8, head_dim=16, state_size=16, n_groups=2,
                 expand=2, chunk_size=16, conv_kernel=4)
 
 
+@declare_family("nemotron_h", "mamba2", ssm_layers=2)
 def _nemotron_h():
     return _cfg("NemotronHConfig", layers_block_type=["linear_attention", "full_attention", "linear_attention", "mlp"],
                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128, ssm_state_size=16,
@@ -61,18 +88,21 @@ def _nemotron_h():
                 num_experts_per_tok=2, moe_intermediate_size=32, moe_shared_expert_intermediate_size=32)
 
 
+@declare_family("bamba", "mamba2", ssm_layers=3)
 def _bamba():
     return _cfg("BambaConfig", intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
                 num_key_value_heads=2, attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2,
                 mamba_d_state=16, mamba_chunk_size=16)
 
 
+@declare_family("falcon_h1", "mamba2", ssm_layers=2)
 def _falcon_h1():
     return _cfg("FalconH1Config", intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, mamba_d_ssm=128, mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2,
                 mamba_d_state=16, mamba_chunk_size=16, ssm_out_multiplier=50.0)
 
 
+@declare_family("zamba2", "mamba2", ssm_layers=4)
 def _zamba2():
     return _cfg("Zamba2Config", intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
                 num_key_value_heads=4, mamba_d_state=16, n_mamba_heads=8, mamba_ngroups=2, chunk_size=16,
@@ -80,6 +110,7 @@ def _zamba2():
                 layers_block_type=["linear_attention", "hybrid", "linear_attention", "hybrid"])
 
 
+@declare_family("granitemoehybrid", "mamba2", ssm_layers=3)
 def _granitemoehybrid():
     return _cfg("GraniteMoeHybridConfig", intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
                 num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=64,
@@ -92,26 +123,31 @@ _MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shar
 _ATT = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16)
 
 
+@declare_family("qwen3_next", "gated_deltanet", ssm_layers=3)
 def _qwen3_next():
     return _cfg("Qwen3NextConfig", intermediate_size=128, num_hidden_layers=4, **_ATT, **_GDN, **_MOE,
                 layer_types=_LIN3FULL)
 
 
+@declare_family("qwen3_5", "gated_deltanet", ssm_layers=3)
 def _qwen3_5():
     return _cfg("Qwen3_5TextConfig", intermediate_size=128, num_hidden_layers=4, **_ATT, **_GDN,
                 layer_types=_LIN3FULL)
 
 
+@declare_family("qwen3_5_moe", "gated_deltanet", ssm_layers=3)
 def _qwen3_5_moe():
     return _cfg("Qwen3_5MoeTextConfig", num_hidden_layers=4, **_ATT, **_GDN, **_MOE, layer_types=_LIN3FULL)
 
 
+@declare_family("qwen4_exp", "gated_deltanet", ssm_layers=3)
 def _qwen4_exp():
     return _cfg("Qwen4ExpTextConfig", num_hidden_layers=4, **_ATT, **_GDN, **_MOE, layer_types=_LIN3FULL,
                 indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=16,
                 indexer_compress_ratio=4)
 
 
+@declare_family("olmo_hybrid", "gated_deltanet", ssm_layers=3)
 def _olmo_hybrid():
     return _cfg("OlmoHybridConfig", intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
                 num_key_value_heads=4, linear_num_key_heads=4, linear_num_value_heads=4, linear_key_head_dim=16,
@@ -124,38 +160,18 @@ _MLA = dict(kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim
             mlp_layer_types=["dense", "sparse", "sparse", "sparse"])
 
 
+@declare_family("kimi_linear", "kda", ssm_layers=3)
 def _kimi_linear():
     return _cfg("KimiLinearConfig", **_MLA, num_experts=4, num_experts_per_token=2, num_shared_experts=1)
 
 
+@declare_family("bailing_hybrid", "kda", ssm_layers=3)
 def _bailing_hybrid():
     return _cfg("BailingHybridConfig", **_MLA, num_experts=4, num_experts_per_token=2, num_shared_experts=1,
                 num_expert_group=1, topk_group=1, first_k_dense_replace=1, num_nextn_predict_layers=0)
 
 
-def _mamba():
-    return _cfg("MambaConfig", state_size=8, num_hidden_layers=2, expand=2, time_step_rank=8, intermediate_size=128)
-
-
-def _falcon_mamba():
-    return _cfg("FalconMambaConfig", state_size=8, num_hidden_layers=2, expand=2, time_step_rank=8,
-                intermediate_size=128)
-
-
-def _jamba():
-    return _cfg("JambaConfig", intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-                num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, expert_layer_period=2,
-                expert_layer_offset=1, attn_layer_period=2, attn_layer_offset=1, mamba_d_state=8, mamba_dt_rank=8,
-                use_mamba_kernels=False)
-
-
-def _zamba():
-    return _cfg("ZambaConfig", intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-                num_key_value_heads=4, attention_hidden_size=128, attention_head_dim=32, n_mamba_heads=2,
-                mamba_d_state=8, mamba_dt_rank=8, use_mamba_kernels=False,
-                layers_block_type=["linear_attention", "hybrid", "linear_attention", "hybrid"])
-
-
+@declare_family("glm5_next", "kda", ssm_layers=3)
 def _glm5_next():
     import transformers
 
@@ -178,6 +194,33 @@ def _glm5_next():
                                                out_hidden_size=HIDDEN, projection_intermediate_size=64)
     return transformers.Glm5NextConfig(text_config=text.to_dict(), vision_config=vision.to_dict(),
                                        tie_word_embeddings=False, dtype=TINY_DTYPE)
+
+
+@declare_family("mamba", "mamba1", ssm_layers=2)
+def _mamba():
+    return _cfg("MambaConfig", state_size=8, num_hidden_layers=2, expand=2, time_step_rank=8, intermediate_size=128)
+
+
+@declare_family("falcon_mamba", "mamba1", ssm_layers=2)
+def _falcon_mamba():
+    return _cfg("FalconMambaConfig", state_size=8, num_hidden_layers=2, expand=2, time_step_rank=8,
+                intermediate_size=128)
+
+
+@declare_family("jamba", "mamba1", ssm_layers=2)
+def _jamba():
+    return _cfg("JambaConfig", intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, expert_layer_period=2,
+                expert_layer_offset=1, attn_layer_period=2, attn_layer_offset=1, mamba_d_state=8, mamba_dt_rank=8,
+                use_mamba_kernels=False)
+
+
+@declare_family("zamba", "mamba1", ssm_layers=4)
+def _zamba():
+    return _cfg("ZambaConfig", intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=4, attention_hidden_size=128, attention_head_dim=32, n_mamba_heads=2,
+                mamba_d_state=8, mamba_dt_rank=8, use_mamba_kernels=False,
+                layers_block_type=["linear_attention", "hybrid", "linear_attention", "hybrid"])
 
 
 _GENERATING_AUTOS = ("AutoModelForCausalLM", "AutoModelForImageTextToText")
@@ -208,29 +251,6 @@ def model_class_for(config):
                          f"model_type {getattr(config, 'model_type', '?')!r}")
 
 
-#: model_type -> config builder. Order: Mamba-2 families, delta-rule families, Mamba-1 families.
-TINY_FAMILIES: dict[str, Callable[[], Any]] = {
-    "mamba2": _mamba2,
-    "nemotron_h": _nemotron_h,
-    "bamba": _bamba,
-    "falcon_h1": _falcon_h1,
-    "zamba2": _zamba2,
-    "granitemoehybrid": _granitemoehybrid,
-    "qwen3_next": _qwen3_next,
-    "qwen3_5": _qwen3_5,
-    "qwen3_5_moe": _qwen3_5_moe,
-    "qwen4_exp": _qwen4_exp,
-    "olmo_hybrid": _olmo_hybrid,
-    "kimi_linear": _kimi_linear,
-    "bailing_hybrid": _bailing_hybrid,
-    "glm5_next": _glm5_next,
-    "mamba": _mamba,
-    "falcon_mamba": _falcon_mamba,
-    "jamba": _jamba,
-    "zamba": _zamba,
-}
-
-
 def is_tiny_spec(spec: str) -> bool:
     return isinstance(spec, str) and spec.startswith(TINY_PREFIX)
 
@@ -247,7 +267,7 @@ def tiny_family(spec: str) -> str:
 
 def tiny_config(spec: str):
     """The transformers config object of a tiny family (no weights)."""
-    return TINY_FAMILIES[tiny_family(spec)]()
+    return TINY_FAMILIES[tiny_family(spec)].build_config()
 
 
 def _slow_decays(model) -> None:

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import torch
 
-from replayssm.tiny import build_tiny_model
+from replayssm.patches.kinds import KINDS
+from replayssm.tiny import TINY_FAMILIES, build_tiny_model
 
-MAMBA2_FAMILIES = ["mamba2", "nemotron_h", "bamba", "falcon_h1", "zamba2", "granitemoehybrid"]
-DELTA_FAMILIES = ["qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen4_exp", "olmo_hybrid", "kimi_linear", "bailing_hybrid",
-                  "glm5_next"]
+
+def families_of(*kinds: str) -> list[str]:
+    """The tiny families whose SSM layers are of one of ``kinds``, in declaration order."""
+    return [name for name, family in TINY_FAMILIES.items() if family.kind in kinds]
+
+
+MAMBA2_FAMILIES = families_of("mamba2")
+DELTA_FAMILIES = families_of("gated_deltanet", "kda")
+#: every family whose layer kind has a replay mixin
+REWRITABLE_FAMILIES = families_of(*(k.name for k in KINDS.values() if k.mixin is not None))
 
 _MODELS: dict[tuple[str, torch.dtype], torch.nn.Module] = {}
 

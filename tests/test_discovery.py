@@ -5,17 +5,8 @@ import torch
 import transformers
 
 from replayssm import find_ssm_layers
+from replayssm.patches.kinds import KINDS, MAMBA2
 from replayssm.tiny import TINY_FAMILIES, model_class_for, tiny_config
-
-MAMBA2 = ["mamba2", "nemotron_h", "bamba", "falcon_h1", "zamba2", "granitemoehybrid"]
-DELTA = {"qwen3_next": "gated_deltanet", "qwen3_5": "gated_deltanet", "qwen3_5_moe": "gated_deltanet",
-         "qwen4_exp": "gated_deltanet", "olmo_hybrid": "gated_deltanet", "kimi_linear": "kda",
-         "bailing_hybrid": "kda", "glm5_next": "kda"}
-MAMBA1 = ["mamba", "falcon_mamba", "jamba", "zamba"]
-EXPECTED_COUNT = {"mamba2": 2, "nemotron_h": 2, "bamba": 3, "falcon_h1": 2, "zamba2": 4, "granitemoehybrid": 3,
-                  "qwen3_next": 3, "qwen3_5": 3, "qwen3_5_moe": 3, "qwen4_exp": 3, "olmo_hybrid": 3,
-                  "kimi_linear": 3, "bailing_hybrid": 3, "glm5_next": 3, "mamba": 2, "falcon_mamba": 2, "jamba": 2, "zamba": 4}
-
 
 def meta_model(family):
     try:
@@ -28,26 +19,44 @@ def meta_model(family):
 
 @pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
 def test_every_family_on_meta_device(family):
+    """Each family's layers are found, of the kind its declaration names, rewritable where that
+    kind has a replay mixin and reported as not implemented otherwise."""
+    declared = TINY_FAMILIES[family]
+    kind = KINDS[declared.kind]
     model = meta_model(family)
     assert all(p.device.type == "meta" for p in model.parameters())
     records = find_ssm_layers(model)
-    assert len(records) == EXPECTED_COUNT[family]
+    assert len(records) == declared.ssm_layers
     names = [r.name for r in records]
     assert len(set(names)) == len(names)
     for r in records:
         assert model.get_submodule(r.name) is not None
         assert r.state_bytes > 0 and all(v > 0 for v in r.shapes.values())
         assert r.known_class
-        if family in MAMBA2:
-            assert r.kind == "mamba2" and r.can_rewrite, r.reason
-            s = r.shapes
-            assert r.state_bytes == s["num_heads"] * s["head_dim"] * s["state_size"] * 4
-            assert r.buffer_bytes(16) > 0
-        elif family in DELTA:
-            assert r.kind == DELTA[family] and r.can_rewrite, r.reason
+        assert r.kind == kind.name
+        if kind.mixin is not None:
+            assert r.can_rewrite, r.reason
             assert r.buffer_bytes(16) > 0
         else:
-            assert r.kind == "mamba1" and not r.can_rewrite and "not implemented" in r.reason
+            assert not r.can_rewrite and "not implemented" in r.reason
+        if kind is MAMBA2:
+            s = r.shapes
+            assert r.state_bytes == s["num_heads"] * s["head_dim"] * s["state_size"] * 4
+
+
+@pytest.mark.parametrize("family,state,buffer", [
+    # mamba2: H*P*N fp32 state; per step x (H*P) and B (G*N) in act bytes, dt (H) fp32
+    ("nemotron_h", 8 * 16 * 16 * 4, 16 * (8 * 16 * 2 + 8 * 4 + 2 * 16 * 2)),
+    # gated_deltanet: Hv*Dk*Dv fp32 state; per step u (Hv*Dv) and k (Hk*Dk) in act bytes, g (Hv) fp32
+    ("qwen3_5", 4 * 16 * 16 * 4, 16 * (4 * 16 * 2 + 2 * 16 * 2 + 4 * 4)),
+    # kda: H*D*D fp32 state; per step u and k (H*D) in act bytes, g (H*D) fp32
+    ("kimi_linear", 4 * 16 * 16 * 4, 16 * 4 * 16 * (2 * 2 + 4)),
+])
+def test_state_and_buffer_bytes(family, state, buffer):
+    """Sizes per sequence against hand arithmetic on the tiny configs (L=16, 16-bit activations)."""
+    r = find_ssm_layers(meta_model(family))[0]
+    assert r.state_bytes == state
+    assert r.buffer_bytes(16, act_bytes=2) == buffer
 
 
 def test_mamba2_shapes():
@@ -89,7 +98,7 @@ def test_plain_transformer_has_none():
 
 
 # --------------------------------------------------------------------------- recorded layer names in every class
-REWRITABLE = MAMBA2 + sorted(DELTA)
+REWRITABLE = [f for f, d in TINY_FAMILIES.items() if KINDS[d.kind].mixin is not None]
 
 
 def meta_pair(family):

@@ -14,12 +14,12 @@ import torch
 import replayssm
 from replayssm.patches.registry import original_class
 
-from helpers import (DELTA_FAMILIES, MAMBA2_FAMILIES, generate, generate_patched, left_padded_batch, max_logit_diff,
-                     tiny)
+from replayssm.patches.kinds import KINDS
+
+from helpers import (MAMBA2_FAMILIES, REWRITABLE_FAMILIES, generate, generate_patched, left_padded_batch,
+                     max_logit_diff, tiny)
 
 NEW = 64
-STOCK_STEP = {"mamba2": "mamba2_selective_state_update", "gated_deltanet": "torch_recurrent_gated_delta_rule",
-              "kda": "recurrent_kimi_delta_attention"}
 
 
 @pytest.fixture
@@ -33,12 +33,12 @@ def forbid_stock_decode(monkeypatch):
         def boom(*args, **kwargs):
             raise AssertionError("the stock per-step recurrent function was called")
 
-        monkeypatch.setattr(module, STOCK_STEP[record.kind], boom)
+        monkeypatch.setattr(module, KINDS[record.kind].stock_step, boom)
 
     return install
 
 
-@pytest.mark.parametrize("family", MAMBA2_FAMILIES + DELTA_FAMILIES)
+@pytest.mark.parametrize("family", REWRITABLE_FAMILIES)
 def test_greedy_matches_stock_across_flushes(family, forbid_stock_decode):
     model = tiny(family)
     ids, mask = left_padded_batch(seed=1)

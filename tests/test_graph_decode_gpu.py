@@ -5,7 +5,7 @@ import torch
 
 import replayssm
 
-from helpers import DELTA_FAMILIES, MAMBA2_FAMILIES, generate, left_padded_batch, max_logit_diff, tiny
+from helpers import REWRITABLE_FAMILIES, generate, left_padded_batch, max_logit_diff, tiny
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -28,7 +28,7 @@ def _both(model, ids, mask, patch_kw, **kw):
     return eager, graphs
 
 
-@pytest.mark.parametrize("family", MAMBA2_FAMILIES + DELTA_FAMILIES)
+@pytest.mark.parametrize("family", REWRITABLE_FAMILIES)
 def test_graphs_equal_eager_fp32(family):
     model = tiny(family).cuda()
     try:

@@ -8,7 +8,7 @@ import transformers
 
 import replayssm
 
-from helpers import (DELTA_FAMILIES, MAMBA2_FAMILIES, generate, left_padded_batch, low_precision_errors,
+from helpers import (REWRITABLE_FAMILIES, generate, left_padded_batch, low_precision_errors,
                      max_logit_diff, tiny)
 
 pytestmark = pytest.mark.gpu
@@ -18,7 +18,7 @@ def cuda_model(family, dtype=torch.float32):
     return tiny(family, dtype).to("cuda")
 
 
-@pytest.mark.parametrize("family", MAMBA2_FAMILIES + DELTA_FAMILIES)
+@pytest.mark.parametrize("family", REWRITABLE_FAMILIES)
 def test_greedy_parity_on_cuda_fp32(family):
     model = cuda_model(family)
     ids, mask = left_padded_batch(seed=1, device="cuda")
