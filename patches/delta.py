@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from replayssm.kernels.gates import gdn_gates
+from replayssm.kernels.delta.gdn_gates import gdn_gates
 from replayssm.kernels.delta import delta_replay_decode, delta_replay_materialize, delta_step_decode, l2norm_qk
 
 from . import compat

@@ -192,7 +192,6 @@ class GraphDecoder:
         self.max_len = max_len
         self.slots: list[GraphSlot] = []
         self.current: GraphSlot | None = None
-        self.pool = None
         self._clock = 0
         self._logged: set[str] = set()
         self._original_generate = model.generate
@@ -251,7 +250,7 @@ class GraphDecoder:
             self._logged.add(reason)
             logger.warning("replayssm: CUDA-graph decoding not used: %s; decoding eagerly", reason)
 
-    def _fallback_reason(self, args, kwargs, config) -> str | None:
+    def _fallback_reason(self, kwargs, config) -> str | None:
         model = self.model
         if not cuda_graphs_available(model.device):
             return f"the model is on {model.device.type}, CUDA graphs need a CUDA device"
@@ -284,7 +283,7 @@ class GraphDecoder:
         config = copy.deepcopy(base)
         config.update(**{k: v for k, v in kwargs.items() if k != "generation_config"})
         shape = self._prompt_shape(args, kwargs)
-        reason = self._fallback_reason(args, kwargs, config)
+        reason = self._fallback_reason(kwargs, config)
         if reason is None and shape is None:
             reason = "no input_ids / inputs_embeds tensor to size the cache"
         if reason is None:

@@ -64,7 +64,7 @@ def test_reference_rounds_once_in_low_precision():
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_interpreter)])
 def test_gdn_gates_match_their_definition(backend):
-    from replayssm.kernels.gates import gdn_gates
+    from replayssm.kernels.delta.gdn_gates import gdn_gates
 
     device = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
     g0 = torch.Generator().manual_seed(3)

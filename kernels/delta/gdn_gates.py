@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .backend import resolve_backend
+from ..backend import resolve_backend
 
 
 def gdn_gates_reference(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
