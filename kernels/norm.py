@@ -1,4 +1,5 @@
-"""Gated RMSNorm of a decode step's SSM output, in one launch.
+"""RMSNorms in one launch: the gated norm of a decode step's SSM output, and the plain norms
+of the decoder layers (``rmsnorm``, at the end of this module).
 
 ``gated_rmsnorm(x, gate, weight, eps, form)``: x, gate (M, D); weight (D,). The transformers
 families round at different points; ``NormForm`` names them:
@@ -109,3 +110,64 @@ def gated_rmsnorm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps
     if resolve_backend(backend, x.device) == "triton":
         return gated_rmsnorm_triton(x, gate, weight, eps, form)
     return gated_rmsnorm_reference(x, gate, weight, eps, form)
+
+
+# ------------------------------------------------------------------ plain RMSNorm
+#: the roundings of transformers' plain RMSNorm classes, y = x * rsqrt(mean(x^2) + eps) in fp32:
+#: ``round_then_weight``: weight * y.to(x.dtype) (promoted dtype); ``fp32_weight``: (weight * y) in
+#: fp32, rounded to x's dtype; ``offset``: (y * (1 + weight)) in fp32, rounded to x's dtype
+RMSNORM_FORMS = ("round_then_weight", "fp32_weight", "offset")
+
+
+def rmsnorm_out_dtype(x: torch.Tensor, weight: torch.Tensor, form: str) -> torch.dtype:
+    return torch.promote_types(weight.dtype, x.dtype) if form == "round_then_weight" else x.dtype
+
+
+def rmsnorm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, form: str) -> torch.Tensor:
+    """PyTorch reference of ``rmsnorm`` (the CPU path)."""
+    h = x.float()
+    y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    if form == "round_then_weight":
+        return (weight.float() * y.to(x.dtype).float()).to(rmsnorm_out_dtype(x, weight, form))
+    w = 1.0 + weight.float() if form == "offset" else weight.float()
+    return (w * y).to(x.dtype)
+
+
+@triton.jit
+def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, eps, D, stride_xm, stride_om, BLOCK: tl.constexpr,
+                    ROUND_Y: tl.constexpr, OFFSET: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < D
+    x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0)
+    h = x.to(tl.float32)
+    y = h * (1.0 / tl.sqrt(tl.sum(h * h, axis=0) / D + eps))
+    if ROUND_Y:
+        y = y.to(x.dtype).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if OFFSET:
+        w = w + 1.0
+    tl.store(out_ptr + row * stride_om + cols, (w * y).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rmsnorm_triton(x, weight, eps, form: str):
+    D = x.shape[-1]
+    x2 = x.reshape(-1, D)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    out = torch.empty(x2.shape, dtype=rmsnorm_out_dtype(x, weight, form), device=x.device)
+    block = triton.next_power_of_2(D)
+    _rmsnorm_kernel[(x2.shape[0],)](x2, weight, out, eps, D, x2.stride(0), out.stride(0), BLOCK=block,
+                                    ROUND_Y=form == "round_then_weight", OFFSET=form == "offset",
+                                    num_warps=4 if block <= 1024 else 8)
+    return out.view(*x.shape[:-1], D)
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, form: str, *, backend: str = "auto") -> torch.Tensor:
+    """RMSNorm of x (..., D) with weight (D,) in one launch, rounding as ``form`` (``RMSNORM_FORMS``)."""
+    if form not in RMSNORM_FORMS or weight.shape != x.shape[-1:]:
+        raise ValueError(f"rmsnorm expects x (..., D), weight (D,) and a form in {RMSNORM_FORMS}; got "
+                         f"{tuple(x.shape)}, {tuple(weight.shape)}, {form!r}")
+    if resolve_backend(backend, x.device) == "triton":
+        return rmsnorm_triton(x, weight, eps, form)
+    return rmsnorm_reference(x, weight, eps, form)

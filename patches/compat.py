@@ -78,3 +78,63 @@ def generate_cache_kwarg(model) -> str:
 
     params = inspect.signature(type(model).forward).parameters
     return next((name for name in CACHE_KWARGS if name in params), "past_key_values")
+
+
+# ---------------------------------------------------------------- grouped-query decode attention
+#: attention implementation that runs a one-token query on the key/value heads directly; 5.24's
+#: own "sdpa" does this (``pack_gqa``), 5.17-5.23 copy the whole KV cache per query head
+#: (``repeat_kv``), which for a static cache costs more than the attention itself
+GROUPED_SDPA = "replayssm_grouped_sdpa"
+_SAVED_ATTN = "_replayssm_saved_attn_implementation"
+
+
+def sdpa_groups_decode_queries() -> bool:
+    """Whether this transformers' ``sdpa`` attention already skips ``repeat_kv`` for one query token."""
+    from transformers.integrations import sdpa_attention
+
+    return hasattr(sdpa_attention, "pack_gqa")
+
+
+def grouped_sdpa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                           **kwargs):
+    """transformers' ``sdpa`` attention, except that a one-token query (B, H, 1, D) of a grouped-query
+    layer runs as (B, H_kv, H / H_kv, D) against the un-repeated keys and values (B, H_kv, S, D):
+    the same products per query head, without materialising the repeated cache."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    mask = attention_mask
+    if (groups <= 1 or query.shape[2] != 1 or torch.compiler.is_compiling() or kwargs.get("position_bias") is not None
+            or (mask is not None and (mask.dim() != 4 or mask.shape[1] != 1))
+            or query.shape[1] != key.shape[1] * groups):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    batch, heads, _, dim = query.shape
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query.reshape(batch, heads // groups, groups, dim), key, value, attn_mask=mask, dropout_p=dropout,
+        scale=scaling)
+    return out.reshape(out.shape[0], heads, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+
+def use_grouped_decode_attention(model) -> bool:
+    """Switch ``model`` (and the submodels sharing its attention setting) from ``sdpa`` to
+    ``GROUPED_SDPA`` where this transformers needs it; returns whether it switched. Registers the
+    name (with sdpa's mask function) in transformers' attention registries, which are built for
+    extension; no transformers class is changed. ``restore_decode_attention`` undoes it."""
+    config = getattr(model, "config", None)
+    if sdpa_groups_decode_queries() or config is None or getattr(config, "_attn_implementation", None) != "sdpa":
+        return False
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.modeling_utils import AttentionInterface
+
+    AttentionInterface.register(GROUPED_SDPA, grouped_sdpa_attention)
+    AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)
+    model.set_attn_implementation(GROUPED_SDPA)
+    model.__dict__[_SAVED_ATTN] = "sdpa"
+    return True
+
+
+def restore_decode_attention(model) -> None:
+    saved = model.__dict__.pop(_SAVED_ATTN, None)
+    if saved is not None and getattr(model.config, "_attn_implementation", None) == GROUPED_SDPA:
+        model.set_attn_implementation(saved)

@@ -1,4 +1,5 @@
-"""The mixers' gated RMSNorm as one kernel launch, where the transformers class is one we mirror.
+"""RMSNorms as one kernel launch: the mixers' gated norm, where the transformers class is one we
+mirror, and (``fuse_decoder_norms``) the decoder layers' plain norms under CUDA-graph decoding.
 
 ``gated_norm(norm, x, gate, backend)`` calls ``replayssm.kernels.norm.gated_rmsnorm`` with the
 rounding form of ``norm``'s class on the Triton backend, and the module itself otherwise. The
@@ -12,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from replayssm.kernels.backend import resolve_backend
-from replayssm.kernels.norm import NormForm, gated_rmsnorm
+from replayssm.kernels.norm import RMSNORM_FORMS, NormForm, gated_rmsnorm, rmsnorm
 
 _FORM_ATTR = "_replayssm_norm_form"
 _GATE_FIRST = ("MambaRMSNormGated", "BambaRMSNormGated", "GraniteMoeHybridRMSNormGated", "Zamba2RMSNormGated",
@@ -59,3 +60,69 @@ def gated_norm(norm: torch.nn.Module, x: torch.Tensor, gate: torch.Tensor, backe
         norm.__dict__[_FORM_ATTR] = form if ok else False
         return ref
     return gated_rmsnorm(x, gate, norm.weight, eps, form, backend=backend)
+
+
+# ------------------------------------------------------------------ decoder RMSNorms
+_PLAIN_FORM_ATTR = "_replayssm_rmsnorm_form"
+
+
+def _plain_norm_eps(norm: torch.nn.Module) -> float | None:
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    return float(eps) if isinstance(eps, (int, float)) else None
+
+
+def is_plain_rmsnorm(module: torch.nn.Module) -> bool:
+    """A transformers RMSNorm without a gate: a class named ``*RMSNorm`` with a (D,) weight and an eps."""
+    name = type(module).__name__
+    weight = getattr(module, "weight", None)
+    return (name.endswith("RMSNorm") and isinstance(weight, torch.nn.Parameter) and weight.dim() == 1
+            and _plain_norm_eps(module) is not None)
+
+
+def _probe_form(norm, x: torch.Tensor, ref: torch.Tensor) -> str | bool:
+    """The rounding form whose kernel agrees with the module's output ``ref`` best (fewest differing
+    elements, all within rounding), or False."""
+    best, best_diff = False, None
+    for form in RMSNORM_FORMS:
+        fused = rmsnorm(x, norm.weight, _plain_norm_eps(norm), form, backend="triton")
+        if _agrees(fused, ref):
+            diff = int((fused != ref).sum().item())
+            if best_diff is None or diff < best_diff:
+                best, best_diff = form, diff
+    return best
+
+
+def _fused_forward(norm: torch.nn.Module, original):
+    def forward(hidden_states, *args, **kwargs):
+        form = norm.__dict__.get(_PLAIN_FORM_ATTR)
+        if (args or kwargs or form is False or torch.compiler.is_compiling()
+                or hidden_states.shape[-1:] != norm.weight.shape
+                or resolve_backend("auto", hidden_states.device) != "triton"):
+            return original(hidden_states, *args, **kwargs)
+        if form is None:
+            ref = original(hidden_states)
+            norm.__dict__[_PLAIN_FORM_ATTR] = _probe_form(norm, hidden_states, ref)
+            return ref
+        return rmsnorm(hidden_states, norm.weight, _plain_norm_eps(norm), form, backend="triton")
+
+    return forward
+
+
+def fuse_decoder_norms(model: torch.nn.Module) -> int:
+    """Run every plain RMSNorm of ``model`` as one kernel launch on CUDA tensors (instance ``forward``
+    attributes; ``unfuse_decoder_norms`` removes them). The first call of each norm checks the kernel
+    against the module, as for the gated norms. Returns the number of norms rewritten."""
+    count = 0
+    for module in model.modules():
+        if is_plain_rmsnorm(module) and "forward" not in module.__dict__:
+            module.forward = _fused_forward(module, module.forward)
+            module.__dict__[_PLAIN_FORM_ATTR] = None
+            count += 1
+    return count
+
+
+def unfuse_decoder_norms(model: torch.nn.Module) -> None:
+    for module in model.modules():
+        if _PLAIN_FORM_ATTR in module.__dict__:
+            del module.__dict__[_PLAIN_FORM_ATTR]
+            module.__dict__.pop("forward", None)

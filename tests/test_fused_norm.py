@@ -1,4 +1,4 @@
-"""The one-launch gated RMSNorm against the transformers classes it mirrors."""
+"""The one-launch RMSNorms (gated, and the decoder layers' plain ones) against the transformers classes."""
 
 import importlib
 import inspect
@@ -7,8 +7,12 @@ import os
 import pytest
 import torch
 
-from replayssm.kernels.norm import gated_rmsnorm, gated_rmsnorm_reference
-from replayssm.patches.fused_norm import _FORM_ATTR, gated_norm, norm_form
+from replayssm.kernels.norm import RMSNORM_FORMS, gated_rmsnorm, gated_rmsnorm_reference, rmsnorm, rmsnorm_reference
+from replayssm.patches import fused_norm
+from replayssm.patches.fused_norm import (_FORM_ATTR, fuse_decoder_norms, gated_norm, is_plain_rmsnorm, norm_form,
+                                          unfuse_decoder_norms)
+
+from helpers import tiny
 
 needs_triton = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
                                   reason="Triton kernels need TRITON_INTERPRET=1 or a GPU")
@@ -68,3 +72,75 @@ def test_unmirrored_or_disagreeing_class_keeps_the_module():
     out = gated_norm(norm, x, gate, "triton")
     assert torch.equal(out, 2 * x) and norm.__dict__[_FORM_ATTR] is False
     assert torch.equal(gated_norm(norm, x, gate, "triton"), 2 * x)
+
+
+# ------------------------------------------------------------------ plain decoder RMSNorms
+PLAIN = [  # (module, class, the form its forward rounds as, in this transformers)
+    ("nemotron_h", "NemotronHRMSNorm", None),  # 5.17 rounds then weights, 5.24 weights in fp32
+    ("bamba", "BambaRMSNorm", "round_then_weight"),
+    ("olmo_hybrid", "OlmoHybridRMSNorm", "fp32_weight"),
+    ("qwen3_5", "Qwen3_5RMSNorm", "offset"),
+    ("kimi_linear", "KimiLinearRMSNorm", "round_then_weight"),
+]
+
+
+def _plain(name, cls, dtype, dim=96):
+    try:
+        mod = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    except ImportError:
+        pytest.skip(f"transformers has no {name}")
+    norm = getattr(mod, cls)(dim, eps=1e-6).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(dim).to(dtype))
+    return norm
+
+
+def _form_of(norm, x):
+    """The one form whose reference equals the module bit for bit (bf16 input: the forms differ)."""
+    want = norm(x)
+    forms = [f for f in RMSNORM_FORMS
+             if (got := rmsnorm_reference(x, norm.weight, 1e-6, f)).dtype == want.dtype and torch.equal(got, want)]
+    return forms
+
+
+@pytest.mark.parametrize("name,cls,form", PLAIN)
+def test_plain_reference_reproduces_each_class(name, cls, form):
+    norm = _plain(name, cls, torch.bfloat16)
+    x = (3 * torch.randn(4, 7, 96, generator=torch.Generator().manual_seed(1))).to(torch.bfloat16)
+    forms = _form_of(norm, x)
+    assert len(forms) == 1, forms
+    if form is not None:
+        assert forms == [form]
+
+
+@needs_triton
+@pytest.mark.parametrize("form", RMSNORM_FORMS)
+@pytest.mark.parametrize("dim", [64, 96])
+def test_plain_kernel_matches_reference(form, dim):
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    x, w = torch.randn(2, 5, dim, device=device), torch.randn(dim, device=device)
+    x[0, 0] = float("nan")  # a row's NaN stays in its row
+    got = rmsnorm(x, w, 1e-5, form, backend="triton")
+    want = rmsnorm_reference(x, w, 1e-5, form)
+    assert got.isnan()[0, 0].all() and not got[0, 1:].isnan().any() and not got[1].isnan().any()
+    torch.testing.assert_close(got[~x.isnan().any(-1)], want[~x.isnan().any(-1)], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="rmsnorm expects"):
+        rmsnorm(x, w[:-1], 1e-5, form)
+
+
+@needs_triton
+def test_decoder_norms_are_fused_checked_and_restored(monkeypatch):
+    model = tiny("qwen3_5")
+    norms = [m for m in model.modules() if is_plain_rmsnorm(m)]
+    assert len(norms) >= 3 and fuse_decoder_norms(model) == len(norms)
+    monkeypatch.setattr(fused_norm, "resolve_backend", lambda backend, device: "triton")  # kernels on the CPU too
+    x = torch.randn(2, 3, norms[0].weight.shape[0])
+    first = norms[0](x)  # the first call runs the module and probes the forms
+    assert torch.equal(first, norms[0].__class__.forward(norms[0], x))
+    assert norms[0].__dict__["_replayssm_rmsnorm_form"] == "offset"
+    torch.testing.assert_close(norms[0](x), first, rtol=1e-5, atol=1e-6)
+    broken = norms[1]
+    broken.__dict__["forward"] = fused_norm._fused_forward(broken, lambda h: 2 * h)  # a class that changed
+    assert torch.equal(broken(x), 2 * x) and broken.__dict__["_replayssm_rmsnorm_form"] is False
+    unfuse_decoder_norms(model)
+    assert all("forward" not in m.__dict__ and "_replayssm_rmsnorm_form" not in m.__dict__ for m in norms)

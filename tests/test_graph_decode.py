@@ -188,3 +188,46 @@ def test_indexed_attention_layers_decode_eagerly(family, cpu_graphs, caplog):
         assert "StaticIndexedLayer" in caplog.text
     finally:
         replayssm.unpatch(model)
+
+
+@pytest.mark.parametrize("family", ["nemotron_h", "qwen3_5"])
+def test_grouped_decode_attention_equals_sdpa(family, monkeypatch):
+    """Where transformers repeats the KV cache per query head, graph decoding switches to the grouped
+    form: same logits, and the one-token query really runs on the key/value heads."""
+    from replayssm.patches import compat
+
+    model = tiny(family)
+    ids, mask = left_padded_batch(batch=3, length=7)
+    want = generate(model, ids, mask, max_new_tokens=6)
+    shapes = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda q, k, v, **kw: shapes.append((q.shape, k.shape)) or sdpa(q, k, v, **kw))
+    switched = compat.use_grouped_decode_attention(model)
+    try:
+        assert switched == (not compat.sdpa_groups_decode_queries())
+        got = generate(model, ids, mask, max_new_tokens=6)
+    finally:
+        compat.restore_decode_attention(model)
+    assert model.config._attn_implementation == "sdpa"
+    assert torch.equal(got.sequences, want.sequences) and max_logit_diff(got, want) < 1e-5
+    heads, kv = model.config.num_attention_heads, model.config.num_key_value_heads
+    assert heads > kv
+    grouped = [q for q, k in shapes if q[1] == k[1] == kv and q[2] == heads // kv]  # (B, H_kv, G, D)
+    assert grouped and not [q for q, k in shapes if q[2] == 1]  # no decode step ran on repeated heads
+
+
+def test_install_switches_attention_and_norms_and_uninstall_restores():
+    from replayssm.patches import compat
+
+    model = tiny("qwen3_5")
+    replayssm.patch(model, buffer_len=4, cuda_graphs=True)
+    try:
+        fused = [m for m in model.modules() if "_replayssm_rmsnorm_form" in m.__dict__]
+        assert fused and all("forward" in m.__dict__ for m in fused)
+        assert model.config._attn_implementation == ("sdpa" if compat.sdpa_groups_decode_queries()
+                                                     else compat.GROUPED_SDPA)
+    finally:
+        replayssm.unpatch(model)
+    assert model.config._attn_implementation == "sdpa"
+    assert not any("_replayssm_rmsnorm_form" in m.__dict__ or "forward" in m.__dict__ for m in model.modules())
