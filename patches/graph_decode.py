@@ -8,10 +8,7 @@ fixed address, reused by later calls) and turns transformers' own ``torch.compil
 compiles, cuBLAS picks its kernels), captures the second into a CUDA graph and replays that
 graph for every later step, copying the step's inputs (token ids, positions, the 4-D attention
 mask transformers builds for a static cache) into the graph's static input tensors. Prefill and
-everything around the model call (logits processors, sampling, stopping) stay eager. Where the
-installed transformers copies the KV cache per query head for a one-token query, the model's
-attention is switched to a grouped-query form while installed (``compat.use_grouped_decode_attention``),
-and the decoder layers' RMSNorms run as one kernel each (``fused_norm.fuse_decoder_norms``).
+everything around the model call (logits processors, sampling, stopping) stay eager.
 
 Whatever the graphs cannot serve falls back to the eager patched path with one log line: beam
 search, assisted generation, a cache passed in, a cache implementation asked for, a model off
@@ -31,7 +28,6 @@ import torch
 
 from . import compat
 from .cache_state import get_buffers
-from .fused_norm import fuse_decoder_norms, unfuse_decoder_norms
 
 logger = logging.getLogger("replayssm")
 
@@ -221,8 +217,6 @@ class GraphDecoder:
             return decoder.forward(*args, **kwargs)
 
         model.generate, model.forward = generate, forward
-        compat.use_grouped_decode_attention(model)
-        fuse_decoder_norms(model)
         setattr(model, ATTR, decoder)
         return decoder
 
@@ -232,8 +226,6 @@ class GraphDecoder:
         if decoder is None:
             return
         decoder.release()
-        compat.restore_decode_attention(model)
-        unfuse_decoder_norms(model)
         for name in ("generate", "forward"):
             model.__dict__.pop(name, None)
             if name in decoder._saved:

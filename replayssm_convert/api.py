@@ -11,6 +11,7 @@ from replayssm.patches.kinds import KINDS
 from replayssm.patches.registry import replay_class_for, restore_class
 from replayssm.patches.base import OPTIONS_ATTR
 from replayssm.patches.graph_decode import GraphDecoder
+from replayssm.patches.speedups import drop_decode_speedups, use_decode_speedups
 
 from .config import CONFIG_KEY, ReplaySSMConfig
 from .discovery import SSMLayerInfo, find_ssm_layers
@@ -118,6 +119,8 @@ def patch(
         else:
             setattr(module, OPTIONS_ATTR, options)
         rewritten.append(record)
+    if rewritten:
+        use_decode_speedups(model)
     if cfg.cuda_graphs:
         GraphDecoder.install(model, cfg.graph_max_len)
     else:
@@ -139,6 +142,7 @@ def unpatch(model: torch.nn.Module) -> torch.nn.Module:
     tokens folded into the recurrent state), so a generation can continue unpatched exactly.
     """
     GraphDecoder.uninstall(model)
+    drop_decode_speedups(model)
     for _, module in model.named_modules():
         if hasattr(module, OPTIONS_ATTR) or getattr(type(module), "_replayssm_original_class", None):
             if hasattr(module, "_replay_release"):

@@ -217,11 +217,12 @@ def test_grouped_decode_attention_equals_sdpa(family, monkeypatch):
     assert grouped and not [q for q, k in shapes if q[2] == 1]  # no decode step ran on repeated heads
 
 
-def test_install_switches_attention_and_norms_and_uninstall_restores():
+@pytest.mark.parametrize("cuda_graphs", [False, True])
+def test_patch_switches_attention_and_norms_and_unpatch_restores(cuda_graphs):
     from replayssm.patches import compat
 
     model = tiny("qwen3_5")
-    replayssm.patch(model, buffer_len=4, cuda_graphs=True)
+    replayssm.patch(model, buffer_len=4, cuda_graphs=cuda_graphs)
     try:
         fused = [m for m in model.modules() if "_replayssm_rmsnorm_form" in m.__dict__]
         assert fused and all("forward" in m.__dict__ for m in fused)

@@ -1,0 +1,27 @@
+"""What a patched model changes outside its SSM layers, to decode faster; numerically the same model.
+
+* Attention: where the installed transformers repeats the KV cache per query head for a one-token
+  query (5.17-5.23), the model runs a grouped-query form of ``sdpa`` instead, as 5.24 does itself
+  (``compat.use_grouped_decode_attention``).
+* The decoder layers' plain RMSNorms run as one Triton launch each on CUDA tensors, checked
+  against the module on their first call (``fused_norm.fuse_decoder_norms``).
+
+Both are per instance and undone by ``drop_decode_speedups`` (``unpatch``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import compat
+from .fused_norm import fuse_decoder_norms, unfuse_decoder_norms
+
+
+def use_decode_speedups(model: torch.nn.Module) -> None:
+    compat.use_grouped_decode_attention(model)
+    fuse_decoder_norms(model)
+
+
+def drop_decode_speedups(model: torch.nn.Module) -> None:
+    compat.restore_decode_attention(model)
+    unfuse_decoder_norms(model)
