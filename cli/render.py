@@ -28,11 +28,8 @@ def note_line(text: str) -> Text:
     return line
 
 
-_SHORT_KINDS = {"mamba2": "Mamba-2", "gated_deltanet": "GDN", "kda": "KDA", "mamba1": "Mamba-1"}
-
-
 def kind_short(row: dict[str, Any]) -> str:
-    return _SHORT_KINDS.get(row.get("kind", ""), row.get("kind_label") or row.get("kind", "?"))
+    return row.get("kind_short") or row.get("kind_label") or row.get("kind", "?")
 
 
 def _shapes(shapes: dict[str, int]) -> str:

@@ -43,6 +43,8 @@ class LayerKind:
 
     name: str
     label: str
+    #: a few characters for table columns
+    short: str
     mixer_classes: tuple[str, ...]
     signature: Callable[[Any], bool]
     shapes: Callable[[Any], Shapes]
@@ -92,7 +94,7 @@ def _mamba2_buffers(s: Shapes, batch: int, L: int, act) -> BufferSpecs:
 
 
 MAMBA2 = LayerKind(
-    name="mamba2", label="Mamba-2",
+    name="mamba2", label="Mamba-2", short="Mamba-2",
     mixer_classes=("Mamba2Mixer", "NemotronHMamba2Mixer", "BambaMixer", "FalconH1Mixer", "Zamba2MambaMixer",
                    "GraniteMoeHybridMambaLayer"),
     signature=lambda m: _has(m, "A_log", "dt_bias", "in_proj", "out_proj", "norm"),
@@ -111,7 +113,7 @@ def _gdn_buffers(s: Shapes, batch: int, L: int, act) -> BufferSpecs:
 
 
 GATED_DELTANET = LayerKind(
-    name="gated_deltanet", label="Gated DeltaNet",
+    name="gated_deltanet", label="Gated DeltaNet", short="GDN",
     mixer_classes=("Qwen3NextGatedDeltaNet", "Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet",
                    "Qwen4ExpTextGatedDeltaNet", "OlmoHybridGatedDeltaNet"),
     signature=lambda m: _has(m, "A_log", "dt_bias") and (
@@ -131,7 +133,7 @@ def _kda_buffers(s: Shapes, batch: int, L: int, act) -> BufferSpecs:
 
 
 KDA = LayerKind(
-    name="kda", label="Kimi Delta Attention",
+    name="kda", label="Kimi Delta Attention", short="KDA",
     mixer_classes=("KimiLinearDeltaAttention", "BailingHybridDeltaAttention", "Glm5NextTextLinearAttention"),
     signature=lambda m: _has(m, "forget_gate", "b_proj"),
     shapes=lambda m: {"num_heads": _int(m, "num_heads"), "head_dim": _int(m, "head_dim", "head_k_dim")},
@@ -142,7 +144,7 @@ KDA = LayerKind(
 )
 
 MAMBA1 = LayerKind(
-    name="mamba1", label="Mamba-1",
+    name="mamba1", label="Mamba-1", short="Mamba-1",
     mixer_classes=("MambaMixer", "FalconMambaMixer", "JambaMambaMixer", "ZambaMambaMixer"),
     signature=lambda m: _has(m, "A_log") and (_has(m, "dt_proj", "x_proj") or _has(m, "dt_proj_weight")),
     shapes=lambda m: {"intermediate_size": _int(m, "intermediate_size"), "state_size": _int(m, "ssm_state_size")},

@@ -26,7 +26,8 @@ MAX_BUFFER_LEN = 256
 
 
 class Backend(str, Enum):
-    """Kernel backend: Triton for CUDA tensors when it runs ("auto"), always Triton, or the PyTorch reference."""
+    """Kernel backend: Triton for CUDA tensors when it runs ("auto"), always Triton, or the PyTorch reference.
+    The same names as ``replayssm.kernels.backend.BACKENDS`` (kept apart: this module imports no torch)."""
 
     AUTO = "auto"
     TRITON = "triton"

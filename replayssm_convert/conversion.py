@@ -93,8 +93,8 @@ class ConvertResult:
 
     def layer_rows(self) -> list[dict[str, Any]]:
         return [
-            {"name": r.name, "kind": r.kind, "kind_label": r.kind_label, "class_name": r.class_name,
-             "layer_idx": r.layer_idx, "shapes": dict(r.shapes), "state_bytes": self.state_bytes(r),
+            {"name": r.name, "kind": r.kind, "kind_label": r.kind_label, "kind_short": r.kind_short,
+             "class_name": r.class_name, "layer_idx": r.layer_idx, "shapes": dict(r.shapes), "state_bytes": self.state_bytes(r),
              "buffer_bytes": self.buffer_bytes(r)}
             for r in self.rewritten
         ]

@@ -38,6 +38,11 @@ class SSMLayerInfo:
         kind = KINDS.get(self.kind)
         return kind.label if kind is not None else self.kind
 
+    @property
+    def kind_short(self) -> str:
+        kind = KINDS.get(self.kind)
+        return kind.short if kind is not None else self.kind
+
     def buffer_bytes(self, buffer_len: int, act_bytes: int = 2) -> int:
         """Extra bytes per sequence of the ring buffer at length ``buffer_len``."""
         return KINDS[self.kind].buffer_bytes(self.shapes, buffer_len, act_bytes)
@@ -45,6 +50,7 @@ class SSMLayerInfo:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["kind_label"] = self.kind_label
+        d["kind_short"] = self.kind_short
         return d
 
 

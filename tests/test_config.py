@@ -187,3 +187,11 @@ def test_version_1_blocks_with_qualified_names_are_read():
     assert cfg.buffer_len == 8
     assert cfg.selects("layers.0.mixer") and cfg.selects("model.layers.0.mixer")
     assert cfg.selects("backbone.layers.0.mixer") and not cfg.selects("model.layers.1.mixer")
+
+
+def test_backend_vocabulary_matches_the_kernels():
+    """The CLI-side enum (no torch import) and the kernels' dispatcher accept the same names."""
+    from replayssm.config import Backend
+    from replayssm.kernels.backend import BACKENDS
+
+    assert tuple(b.value for b in Backend) == BACKENDS
