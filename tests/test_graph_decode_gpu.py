@@ -91,3 +91,23 @@ def test_release_frees_graph_memory():
     finally:
         replayssm.unpatch(model)
         model.cpu()
+
+
+@pytest.mark.parametrize("name", ["nemotron3-nano-like", "qwen3.5-4b-like", "kimi-linear-like"])
+def test_graphs_equal_eager_on_real_size_presets(name):
+    """Greedy batches of the benchmark presets (random fp32 weights, real layer sizes): the graphs
+    give the eager patched path's tokens, and logits within fp32 rounding."""
+    from replayssm.presets import build_preset
+
+    model = build_preset(name, torch.float32, "cuda")
+    try:
+        ids, mask = left_padded_batch(seed=3, batch=4, device="cuda")
+        eager, graphs = _both(model, ids, mask, dict(buffer_len=16), max_new_tokens=24, min_new_tokens=24)
+        for out in graphs:
+            assert torch.equal(out.sequences, eager.sequences)
+            assert max_logit_diff(out, eager) < 1e-3
+        assert replayssm.graph_report(model)[0]["captured"]
+    finally:
+        replayssm.unpatch(model)
+        del model
+        torch.cuda.empty_cache()
