@@ -28,6 +28,7 @@ import torch
 
 from . import compat
 from .cache_state import get_buffers
+from .graph_inputs import StepInputs
 
 logger = logging.getLogger("replayssm")
 
@@ -40,6 +41,7 @@ GRAPH_SAFE_LAYERS = frozenset({"StaticLayer", "LinearAttentionLayer", "LinearAtt
 MIN_LEN = 64
 #: pooled caches (with their graphs) kept per model; the least recently used goes first
 MAX_SLOTS = 4
+_WRAPPED = ("generate", "forward", "prepare_inputs_for_generation")
 _ASSISTED = ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit", "assistant_tokenizer")
 
 
@@ -104,6 +106,7 @@ class GraphSlot:
     graph_bytes: int = 0
     failed: str | None = None
     last_used: int = 0
+    inputs: StepInputs = field(default_factory=StepInputs)
 
     def cache_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in _cache_tensors(self.cache))
@@ -196,7 +199,8 @@ class GraphDecoder:
         self._logged: set[str] = set()
         self._original_generate = model.generate
         self._original_forward = model.forward
-        self._saved = {name: model.__dict__[name] for name in ("generate", "forward") if name in model.__dict__}
+        self._original_prepare = model.prepare_inputs_for_generation
+        self._saved = {name: model.__dict__[name] for name in _WRAPPED if name in model.__dict__}
 
     # ------------------------------------------------------------ install
     @classmethod
@@ -216,7 +220,12 @@ class GraphDecoder:
         def forward(*args, **kwargs):
             return decoder.forward(*args, **kwargs)
 
+        @functools.wraps(decoder._original_prepare)
+        def prepare_inputs_for_generation(*args, **kwargs):
+            return decoder.prepare_inputs(*args, **kwargs)
+
         model.generate, model.forward = generate, forward
+        model.prepare_inputs_for_generation = prepare_inputs_for_generation
         setattr(model, ATTR, decoder)
         return decoder
 
@@ -226,7 +235,7 @@ class GraphDecoder:
         if decoder is None:
             return
         decoder.release()
-        for name in ("generate", "forward"):
+        for name in _WRAPPED:
             model.__dict__.pop(name, None)
             if name in decoder._saved:
                 model.__dict__[name] = decoder._saved[name]
@@ -304,6 +313,7 @@ class GraphDecoder:
             return self._original_generate(*args, **kwargs)
         slot.cache.reset()
         slot.step = 0
+        slot.inputs.new_call()
         self.current = slot
         kwargs[compat.generate_cache_kwarg(self.model)] = slot.cache
         kwargs["disable_compile"] = True
@@ -340,7 +350,14 @@ class GraphDecoder:
             return f"cache layers {', '.join(names)} keep host-side state that a graph would freeze"
         return None
 
-    # ------------------------------------------------------------ forward
+    # ------------------------------------------------------------ inputs, forward
+    def prepare_inputs(self, input_ids, *args, **kwargs):
+        slot = self.current
+        if (slot is None or args or kwargs.get("next_sequence_length") != 1
+                or compat.find_cache(kwargs) is not slot.cache):
+            return self._original_prepare(input_ids, *args, **kwargs)
+        return slot.inputs.prepare(lambda: self._original_prepare(input_ids, **kwargs), input_ids, kwargs)
+
     def forward(self, *args, **kwargs):
         slot = self.current
         if slot is None or args or compat.find_cache(kwargs) is not slot.cache or not _single_token(kwargs):

@@ -74,13 +74,17 @@ def test_graph_decode_equals_eager_patched(family, cpu_graphs):
         (report,) = replayssm.graph_report(model)
         assert report["batch_size"] == 3 and report["captured"] and report["captures"] == 1
         assert report["max_len"] == 64 and report["fallback"] is None
+        # the steps' inputs were built without transformers' preparation once checked against it
+        (slot,) = graph_decode.GraphDecoder.of(model).slots
+        assert slot.inputs.trusted is True
         graph = cpu_graphs[-1]
         decode_steps = kw["max_new_tokens"] - 1  # the first token comes from the prefill
         # first call: step 1 warms up, step 2 is captured (and run), the rest replay; second call: all replay
         assert graph.replays == (decode_steps - 2) + decode_steps
     finally:
         replayssm.unpatch(model)
-    assert not hasattr(model, graph_decode.ATTR) and "forward" not in model.__dict__ and "generate" not in model.__dict__
+    assert not hasattr(model, graph_decode.ATTR)
+    assert not {"forward", "generate", "prepare_inputs_for_generation"} & model.__dict__.keys()
 
 
 def test_graph_slots_per_batch_and_sampling(cpu_graphs):
@@ -232,3 +236,42 @@ def test_patch_switches_attention_and_norms_and_unpatch_restores(cuda_graphs):
         replayssm.unpatch(model)
     assert model.config._attn_implementation == "sdpa"
     assert not any("_replayssm_rmsnorm_form" in m.__dict__ or "forward" in m.__dict__ for m in model.modules())
+
+
+def test_step_inputs_are_checked_before_they_are_trusted():
+    """StepInputs reproduces transformers' inputs or steps aside: a per-step input it does not know
+    (here a counter) makes the check fail, and transformers' own preparation is used from then on."""
+    from replayssm.patches.graph_inputs import StepInputs, same_inputs
+
+    calls = []
+
+    def prepared(n, extra):
+        calls.append(n)
+        mask4d = torch.zeros(2, 1, 1, 8, dtype=torch.bool)
+        mask4d[:, 0, 0, :n] = torch.tensor([[0] + [1] * (n - 1), [1] * n], dtype=torch.bool)
+        return {"input_ids": torch.full((2, 1), n), "attention_mask": {"full": mask4d, "linear": None},
+                "use_cache": True, **extra}
+
+    def kwargs(n):
+        mask2d = torch.ones(2, n, dtype=torch.long)
+        mask2d[0, 0] = 0
+        return {"attention_mask": mask2d, "next_sequence_length": 1}
+
+    def ids(n):
+        return torch.full((2, n), n)
+
+    good = StepInputs()
+    for n in (3, 4, 5, 6):
+        got = good.prepare(lambda n=n: prepared(n, {}), ids(n), kwargs(n))
+        assert same_inputs(got, prepared(n, {}))
+    assert good.trusted is True and calls.count(5) == 1 and calls.count(6) == 1  # step 3 on: no preparation
+    good.new_call()  # a shorter call reuses the mask: positions the last call reached are cleared
+    good.prepare(lambda: prepared(3, {}), ids(3), kwargs(3))
+    got = good.prepare(lambda: prepared(4, {}), ids(4), kwargs(4))
+    assert same_inputs(got, prepared(4, {}))
+
+    bad = StepInputs()
+    for n in (3, 4, 5):
+        got = bad.prepare(lambda n=n: prepared(n, {"step": torch.tensor(n)}), ids(n), kwargs(n))
+        assert same_inputs(got, prepared(n, {"step": torch.tensor(n)}))
+    assert bad.trusted is False

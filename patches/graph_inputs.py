@@ -1,0 +1,98 @@
+"""A graph-decoded step's inputs, without transformers' per-step preparation.
+
+transformers' ``prepare_inputs_for_generation`` rebuilds each decode step's inputs on the host, a
+4-D attention mask over the whole static cache included; that takes longer than launching the
+captured step, and the GPU waits for it (``generate`` synchronises once per step). ``StepInputs``
+builds a step's inputs from the first decode step's: the new token, the next position ids, and the
+2-D padding mask written into one fixed 4-D mask tensor (positions past the sequence stay False,
+as in transformers' causal mask over a static cache). It is trusted only after it reproduced
+transformers' own inputs exactly (keys, values, shapes, dtypes, strides) on a step; otherwise the
+pooled slot keeps transformers' preparation.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+
+class StepInputs:
+    """Decode-step inputs of one pooled slot (see the module notes)."""
+
+    def __init__(self) -> None:
+        self.trusted: bool | None = None  # None until checked against transformers once
+        self.template: dict[str, Any] | None = None
+        self.mask: torch.Tensor | None = None
+        self._stale_mask = True
+
+    def new_call(self) -> None:
+        """A ``generate`` call starts: its first decode step is prepared by transformers."""
+        self.template = None
+        self._stale_mask = True
+
+    def prepare(self, original: Callable[[], dict], input_ids: torch.Tensor, kwargs: dict) -> dict:
+        if self.trusted is False:
+            return original()
+        if self.template is None:
+            self.template = original()
+            return self.template
+        lean = self._build(input_ids, kwargs)
+        if self.trusted and lean is not None:
+            return lean
+        want = original()
+        self.trusted = lean is not None and same_inputs(lean, want)
+        return want
+
+    def _build(self, input_ids: torch.Tensor, kwargs: dict) -> dict | None:
+        mask2d = kwargs.get("attention_mask")
+        if not (isinstance(mask2d, torch.Tensor) and mask2d.dim() == 2 and input_ids.dim() == 2):
+            return None
+        mask = self._mask(self.template.get("attention_mask"), mask2d)
+        if mask is None:
+            return None
+        lean = dict(self.template)
+        lean["input_ids"] = input_ids[:, -1:].contiguous()
+        lean["attention_mask"] = mask
+        if "position_ids" in lean:
+            positions = kwargs.get("position_ids")
+            if not isinstance(positions, torch.Tensor):
+                return None
+            lean["position_ids"] = positions[..., -1:].contiguous()
+        return lean
+
+    def _mask(self, like, mask2d: torch.Tensor):
+        """The step's 4-D mask in the form of the template's ``like`` (a (B, 1, 1, capacity) bool tensor,
+        or a dict of them and None per attention type), or None where it has another form."""
+        if isinstance(like, dict):
+            out = {key: None if value is None else self._mask(value, mask2d) for key, value in like.items()}
+            return None if any(out[k] is None and like[k] is not None for k in like) else out
+        if not (isinstance(like, torch.Tensor) and like.dtype == torch.bool and like.dim() == 4
+                and like.shape[1] == like.shape[2] == 1 and mask2d.shape[1] <= like.shape[3]):
+            return None
+        if self.mask is None or self.mask.shape != like.shape or self.mask.device != like.device:
+            self.mask, self._stale_mask = torch.zeros_like(like), False
+        if self._stale_mask:  # positions a previous call reached
+            self.mask.zero_()
+            self._stale_mask = False
+        self.mask[:, 0, 0, : mask2d.shape[1]].copy_(mask2d)
+        return self.mask
+
+
+def same_inputs(a: Any, b: Any) -> bool:
+    """Whether two step inputs are interchangeable for a captured graph: equal tensors of the same
+    shape, dtype, device and strides; the same other objects."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+                and a.dtype == b.dtype and a.device == b.device and a.stride() == b.stride() and torch.equal(a, b))
+    if isinstance(a, dict) or isinstance(b, dict):
+        return (isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys()
+                and all(same_inputs(a[k], b[k]) for k in a))
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same_inputs(x, y) for x, y in zip(a, b))
+    if a is b:
+        return True
+    try:
+        return isinstance(a, (bool, int, float, str, type(None))) and type(a) is type(b) and a == b
+    except Exception:  # pragma: no cover - objects whose comparison fails are not the same input
+        return False
