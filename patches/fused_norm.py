@@ -5,7 +5,8 @@ mirror, and (``fuse_decoder_norms``) the decoder layers' plain norms under CUDA-
 rounding form of ``norm``'s class on the Triton backend, and the module itself otherwise. The
 first call of each norm instance runs both and keeps the kernel only if it matches the module
 within rounding (one unit in the last place of 16-bit outputs, 1e-5 relative in fp32), so a
-transformers version that changes a class never yields a silently different result.
+transformers version that changes a class never yields a silently different result; that first call
+already returns the kernel's output, so every call of a norm computes the same way.
 """
 
 from __future__ import annotations
@@ -52,13 +53,13 @@ def gated_norm(norm: torch.nn.Module, x: torch.Tensor, gate: torch.Tensor, backe
     if form is False or torch.compiler.is_compiling() or resolve_backend(backend, x.device) != "triton":
         return norm(x, gate)
     eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
-    if form is None:
+    if form is None:  # first call: the kernel's result if it agrees, so every call computes alike
         form = norm_form(norm)
         ref = norm(x, gate)
-        ok = form is not None and eps is not None and _agrees(
-            gated_rmsnorm(x, gate, norm.weight, eps, form, backend=backend), ref)
+        fused = gated_rmsnorm(x, gate, norm.weight, eps, form, backend=backend) if form is not None and eps is not None else None
+        ok = fused is not None and _agrees(fused, ref)
         norm.__dict__[_FORM_ATTR] = form if ok else False
-        return ref
+        return fused if ok else ref
     return gated_rmsnorm(x, gate, norm.weight, eps, form, backend=backend)
 
 
@@ -79,17 +80,17 @@ def is_plain_rmsnorm(module: torch.nn.Module) -> bool:
             and _plain_norm_eps(module) is not None)
 
 
-def _probe_form(norm, x: torch.Tensor, ref: torch.Tensor) -> str | bool:
+def _probe_form(norm, x: torch.Tensor, ref: torch.Tensor) -> tuple[str | bool, torch.Tensor]:
     """The rounding form whose kernel agrees with the module's output ``ref`` best (fewest differing
-    elements, all within rounding), or False."""
-    best, best_diff = False, None
+    elements, all within rounding) and its output, or (False, ref)."""
+    best, best_out, best_diff = False, ref, None
     for form in RMSNORM_FORMS:
         fused = rmsnorm(x, norm.weight, _plain_norm_eps(norm), form, backend="triton")
         if _agrees(fused, ref):
             diff = int((fused != ref).sum().item())
             if best_diff is None or diff < best_diff:
-                best, best_diff = form, diff
-    return best
+                best, best_out, best_diff = form, fused, diff
+    return best, best_out
 
 
 def _fused_forward(norm: torch.nn.Module, original):
@@ -99,10 +100,10 @@ def _fused_forward(norm: torch.nn.Module, original):
                 or hidden_states.shape[-1:] != norm.weight.shape
                 or resolve_backend("auto", hidden_states.device) != "triton"):
             return original(hidden_states, *args, **kwargs)
-        if form is None:
-            ref = original(hidden_states)
-            norm.__dict__[_PLAIN_FORM_ATTR] = _probe_form(norm, hidden_states, ref)
-            return ref
+        if form is None:  # first call: the kernel's result if it agrees, so every call computes alike
+            form, out = _probe_form(norm, hidden_states, original(hidden_states))
+            norm.__dict__[_PLAIN_FORM_ATTR] = form
+            return out
         return rmsnorm(hidden_states, norm.weight, _plain_norm_eps(norm), form, backend="triton")
 
     return forward

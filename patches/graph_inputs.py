@@ -4,7 +4,7 @@ transformers' ``prepare_inputs_for_generation`` rebuilds each decode step's inpu
 4-D attention mask over the whole static cache included; that takes longer than launching the
 captured step, and the GPU waits for it (``generate`` synchronises once per step). ``StepInputs``
 builds a step's inputs from the first decode step's: the new token, the next position ids, and the
-2-D padding mask written into one fixed 4-D mask tensor (positions past the sequence stay False,
+2-D padding mask (all ones where generate passes none) written into one fixed 4-D mask tensor (positions past the sequence stay False,
 as in transformers' causal mask over a static cache). It is trusted only after it reproduced
 transformers' own inputs exactly (keys, values, shapes, dtypes, strides) on a step; otherwise the
 pooled slot keeps transformers' preparation.
@@ -46,19 +46,21 @@ class StepInputs:
 
     def _build(self, input_ids: torch.Tensor, kwargs: dict) -> dict | None:
         mask2d = kwargs.get("attention_mask")
+        if mask2d is None and input_ids.dim() == 2:  # no padding mask: every position so far is a token
+            mask2d = torch.ones((), dtype=torch.bool, device=input_ids.device).expand(input_ids.shape)
         if not (isinstance(mask2d, torch.Tensor) and mask2d.dim() == 2 and input_ids.dim() == 2):
             return None
         mask = self._mask(self.template.get("attention_mask"), mask2d)
         if mask is None:
             return None
         lean = dict(self.template)
-        lean["input_ids"] = input_ids[:, -1:].contiguous()
+        lean["input_ids"] = input_ids[:, -1:].clone(memory_format=torch.contiguous_format)
         lean["attention_mask"] = mask
         if "position_ids" in lean:
             positions = kwargs.get("position_ids")
             if not isinstance(positions, torch.Tensor):
                 return None
-            lean["position_ids"] = positions[..., -1:].contiguous()
+            lean["position_ids"] = positions[..., -1:].clone(memory_format=torch.contiguous_format)
         return lean
 
     def _mask(self, like, mask2d: torch.Tensor):

@@ -238,6 +238,23 @@ def test_patch_switches_attention_and_norms_and_unpatch_restores(cuda_graphs):
     assert not any("_replayssm_rmsnorm_form" in m.__dict__ or "forward" in m.__dict__ for m in model.modules())
 
 
+@pytest.mark.parametrize("family", ["nemotron_h", "qwen3_5"])
+def test_step_inputs_trusted_for_one_unpadded_row(family, cpu_graphs):
+    """Batch 1 without padding (the row's ids are a (1, n) slice: its strides differ from a copy's)."""
+    model = tiny(family)
+    ids = torch.randint(3, 100, (1, 8), generator=torch.Generator().manual_seed(0))
+    kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0, max_new_tokens=9)
+    try:
+        replayssm.patch(model, buffer_len=4)
+        want = model.generate(ids, **kw)
+        replayssm.patch(model, buffer_len=4, cuda_graphs=True)
+        assert all(torch.equal(model.generate(ids, **kw), want) for _ in range(2))
+        (slot,) = graph_decode.GraphDecoder.of(model).slots
+        assert slot.inputs.trusted is True
+    finally:
+        replayssm.unpatch(model)
+
+
 def test_step_inputs_are_checked_before_they_are_trusted():
     """StepInputs reproduces transformers' inputs or steps aside: a per-step input it does not know
     (here a counter) makes the check fail, and transformers' own preparation is used from then on."""
