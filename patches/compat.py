@@ -5,6 +5,11 @@
 * 5.17 has no ``Cache.get_conv_state``; every 5.x keeps the tensors in
   ``cache.layers[i].conv_states[0]`` / ``recurrent_states[0]`` and the flag in
   ``has_previous_state[0]``, which is what these helpers read.
+* Speculative decoding: both versions call ``activate_past_recording`` on the target's and the
+  assisted draft's cache, crop with ``crop(-n)`` and refuse models whose class has
+  ``_is_stateful``; 5.24 also checks ``cache.is_croppable`` after the prefill (5.17 does not),
+  and while recording a layer keeps the prefill's whole conv input (5.24) or K columns (5.17),
+  which ``conv_window_of_prefill`` brings back to K columns.
 * Gated DeltaNet: 5.17 expands q/k to the value heads inside the mixer, 5.23+ inside the
   recurrent function; the ReplaySSM layers do their own expansion, so this only matters
   to code that calls transformers' functions.
@@ -78,3 +83,28 @@ def generate_cache_kwarg(model) -> str:
 
     params = inspect.signature(type(model).forward).parameters
     return next((name for name in CACHE_KWARGS if name in params), "past_key_values")
+
+
+def attention_crop(layer_class: type):
+    """The ``crop`` of the attention part of a cache-layer class (the first class in its MRO that
+    defines ``crop`` and is not a linear-attention layer), None for a linear-attention-only class."""
+    from transformers import cache_utils
+
+    linear = getattr(cache_utils, "LinearAttentionCacheLayerMixin", None)
+    for cls in layer_class.__mro__:
+        if "crop" in cls.__dict__ and not (linear is not None and issubclass(cls, linear)):
+            return cls.__dict__["crop"]
+    return None
+
+
+def conv_window_of_prefill(layer, width: int) -> None:
+    """After a prefill on a layer recording its past: the conv state as a (B, C, width) tensor of the
+    last ``width`` inputs (zeros before the first), as a non-recording prefill leaves it."""
+    conv = layer.conv_states[0]
+    if conv is None or conv.shape[-1] == width:
+        return
+    if conv.shape[-1] > width:
+        conv = conv[..., -width:]
+    else:
+        conv = torch.nn.functional.pad(conv, (width - conv.shape[-1], 0))
+    layer.conv_states[0] = conv.contiguous()
