@@ -75,6 +75,9 @@ class ReplayMixin:
         # a cache recording its past (speculative decoding) takes every forward, T >= 1 tokens, on the
         # window path (its tokens stay roll-back-able); any other cache only single-token decode steps
         window = ready and compat.is_recording_past(layer)
+        if (layer is not None and not ready and not self.training and hidden_states.shape[1] > 1
+                and compat.is_recording_past(layer) and not torch.compiler.is_compiling()):
+            return self._replay_prefill_with_window(cache, layer, hidden_states, args, kwargs)
         if not window and not (ready and hidden_states.shape[1] == 1):
             if layer is not None:
                 self._replay_sync_for_stock(layer)
@@ -95,6 +98,27 @@ class ReplayMixin:
         if speculative.HIST in buffers.tensors:  # the cache stopped recording its past
             speculative.leave_rollback_mode(self, layer, buffers)
         return self._replay_step(hidden_states, layer, buffers, attention_mask)
+
+    def _replay_prefill_with_window(self, cache, layer, hidden_states, args, kwargs):
+        """A prefill on a cache recording its past: its last tokens may be drafts that a crop removes
+        (assisted generation's first round verifies the prompt and the drafts in one forward), so the
+        last ``min(S - 1, L)`` tokens take the window path (roll-back-able) and the rest the stock
+        prefill."""
+        S = hidden_states.shape[1]
+        head = S - min(S - 1, self.replay_options.buffer_len)
+
+        def cut(value, lo, hi):  # per-token 2-D inputs (the padding mask) follow the split
+            if isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape == hidden_states.shape[:2]:
+                return value[:, lo:hi]
+            return value
+
+        out_head = super().forward(hidden_states[:, :head], *[cut(a, 0, head) for a in args],
+                                   **{k: cut(v, 0, head) for k, v in kwargs.items()})
+        self._replay_ready(cache, layer, hidden_states)
+        tail_args = [cut(a, head, S) for a in args]
+        tail_kwargs = {k: cut(v, head, S) for k, v in kwargs.items()}
+        out_tail = self.forward(hidden_states[:, head:], *tail_args, **tail_kwargs)  # now the window path
+        return torch.cat([out_head, out_tail], dim=1)
 
     # --------------------------------------------------------------- helpers
     def _replay_key(self, act_dtype: torch.dtype, stock_dtype: torch.dtype) -> tuple:
