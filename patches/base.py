@@ -92,7 +92,7 @@ class ReplayMixin:
         if self.uses_arrival_counters:
             buffers.extra["arrivals"] = cache_arrivals(cache, buffers.cursor.device, buffers.batch_size)
         if window:
-            speculative.enable_layer_rollback(layer)
+            speculative.enable_layer_rollback(layer, cache)
             start = speculative.prepare_window(self, layer, buffers, hidden_states.shape[1])
             return self._replay_step(hidden_states, layer, buffers, attention_mask, window=start)
         if speculative.HIST in buffers.tensors:  # the cache stopped recording its past
@@ -148,7 +148,7 @@ class ReplayMixin:
             return
         if compat.is_recording_past(layer):  # a prefill of a cache that will roll back (speculative decoding)
             compat.conv_window_of_prefill(layer, self.conv1d.weight.shape[-1])
-            speculative.enable_layer_rollback(layer)
+            speculative.enable_layer_rollback(layer, cache)
         buffers = get_buffers(layer)
         if (buffers is None or buffers.extra.get("key") != self._replay_key(hidden_states.dtype, buffers.stock_dtype)
                 or buffers.batch_size != state.shape[0] or buffers.cursor.device != state.device

@@ -108,3 +108,27 @@ def conv_window_of_prefill(layer, width: int) -> None:
     else:
         conv = torch.nn.functional.pad(conv, (width - conv.shape[-1], 0))
     layer.conv_states[0] = conv.contiguous()
+
+
+def is_uninitialized_linear_layer(layer) -> bool:
+    """A linear-attention cache layer whose states were never set (5.17 builds one for every layer
+    type it does not know, MLP-only layers included, and its ``crop`` then fails)."""
+    states = getattr(layer, "conv_states", None)
+    return (isinstance(states, dict) and all(v is None for v in states.values())
+            and all(v is None for v in getattr(layer, "recurrent_states", {}).values()))
+
+
+def assisted_generation_gap(model) -> str | None:
+    """Why this transformers version's own assisted generation cannot serve ``model`` (patched or
+    not), or None. 5.17: its assisted loop looks the cache up under ``past_key_values`` only, which
+    its pure Mamba-2 model (``cache_params``) never has; and its qwen4_exp indexed attention, after a
+    partial rejection, continues off the greedy path although the rolled-back cache layers equal
+    freshly built ones (transformers' side; 5.24 passes the same test)."""
+    import transformers
+
+    old = tuple(int(p) for p in transformers.__version__.split(".")[:2]) < (5, 18)
+    if old and generate_cache_kwarg(model) == "cache_params":
+        return "transformers < 5.18 assisted decoding needs a past_key_values cache; this model takes cache_params"
+    if old and str(getattr(getattr(model, "config", None), "model_type", "")).startswith("qwen4_exp"):
+        return "transformers < 5.18: qwen4_exp's indexed attention leaves the greedy path after a crop"
+    return None

@@ -180,6 +180,8 @@ def _crop(self, tokens_to_remove: int) -> None:
     hybrid layer cropped as its class does."""
     original = type(self)._replayssm_original_layer_class
     if get_buffers(self) is None:
+        if compat.is_uninitialized_linear_layer(self):
+            return None  # nothing to crop (transformers 5.17 crashes on such a layer)
         return original.crop(self, tokens_to_remove)
     rollback_layer(self, _crop_count(tokens_to_remove))
     attention_crop = compat.attention_crop(original)
@@ -202,9 +204,14 @@ def rollback_layer_class(cls: type) -> type:
     return sub
 
 
-def enable_layer_rollback(layer) -> None:
-    """Give the cache layer instance its rollback subclass (``cache_state.detach_buffers`` undoes it)."""
+def enable_layer_rollback(layer, cache=None) -> None:
+    """Give the cache layer instance its rollback subclass (``cache_state.detach_buffers`` undoes it).
+    With ``cache``, also its linear-attention layers that no layer ever initialises (5.17 gives
+    MLP-only layers one): their subclass's crop is a no-op, as nothing is there to crop."""
     layer.__class__ = rollback_layer_class(type(layer))
+    for other in getattr(cache, "layers", ()):
+        if compat.is_uninitialized_linear_layer(other):
+            other.__class__ = rollback_layer_class(type(other))
 
 
 # ----------------------------------------------------------------------------- the model
