@@ -24,7 +24,7 @@ import torch
 from replayssm.kernels.backend import resolve_backend
 from replayssm.kernels.conv import ACTIVATIONS, conv_update
 
-from . import compat
+from . import compat, speculative
 from .cache_state import (ReplayBuffers, attach_buffers, cache_arrivals, detach_buffers, forget, get_buffers,
                           live_layers)
 from .kinds import LayerKind
@@ -47,7 +47,9 @@ class ReplayMixin:
         kind = self.layer_kind
         return kind.buffer_specs(kind.shapes(self), batch, self.replay_options.buffer_len, act_dtype)
 
-    def _replay_step(self, hidden_states, layer, buffers: ReplayBuffers, attention_mask):
+    def _replay_step(self, hidden_states, layer, buffers: ReplayBuffers, attention_mask, window=None):
+        """Decode step (hidden_states (B, 1, hidden)), or with ``window`` (each row's start slot, from
+        ``speculative.prepare_window``) a verify of T >= 1 tokens (B, T, hidden) on the window path."""
         raise NotImplementedError
 
     def _replay_materialize(self, state: torch.Tensor, buffers: ReplayBuffers) -> torch.Tensor:
@@ -64,15 +66,19 @@ class ReplayMixin:
         if cache is None and args and hasattr(args[0], "layers"):
             cache = args[0]
         layer = compat.cache_layer(cache, getattr(self, "layer_idx", None)) if cache is not None else None
-        decode = (
+        ready = (
             layer is not None
-            and hidden_states.shape[1] == 1
             and not self.training
             and compat.has_previous_state(layer)
-            and not compat.is_recording_past(layer)
             and compat.recurrent_state(layer) is not None
         )
-        if not decode:
+        # a cache recording its past (speculative decoding) takes every forward, T >= 1 tokens, on the
+        # window path (its tokens stay roll-back-able); any other cache only single-token decode steps
+        window = ready and compat.is_recording_past(layer)
+        if (layer is not None and not ready and not self.training and hidden_states.shape[1] > 1
+                and compat.is_recording_past(layer) and not torch.compiler.is_compiling()):
+            return self._replay_prefill_with_window(cache, layer, hidden_states, args, kwargs)
+        if not window and not (ready and hidden_states.shape[1] == 1):
             if layer is not None:
                 self._replay_sync_for_stock(layer)
             out = super().forward(hidden_states, *args, **kwargs)
@@ -85,7 +91,34 @@ class ReplayMixin:
         buffers = self._replay_prepare(layer, hidden_states)
         if self.uses_arrival_counters:
             buffers.extra["arrivals"] = cache_arrivals(cache, buffers.cursor.device, buffers.batch_size)
+        if window:
+            speculative.enable_layer_rollback(layer, cache)
+            start = speculative.prepare_window(self, layer, buffers, hidden_states.shape[1])
+            return self._replay_step(hidden_states, layer, buffers, attention_mask, window=start)
+        if speculative.HIST in buffers.tensors:  # the cache stopped recording its past
+            speculative.leave_rollback_mode(self, layer, buffers)
         return self._replay_step(hidden_states, layer, buffers, attention_mask)
+
+    def _replay_prefill_with_window(self, cache, layer, hidden_states, args, kwargs):
+        """A prefill on a cache recording its past: its last tokens may be drafts that a crop removes
+        (assisted generation's first round verifies the prompt and the drafts in one forward), so the
+        last ``min(S - 1, L)`` tokens take the window path (roll-back-able) and the rest the stock
+        prefill."""
+        S = hidden_states.shape[1]
+        head = S - min(S - 1, self.replay_options.buffer_len)
+
+        def cut(value, lo, hi):  # per-token 2-D inputs (the padding mask) follow the split
+            if isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape == hidden_states.shape[:2]:
+                return value[:, lo:hi]
+            return value
+
+        out_head = super().forward(hidden_states[:, :head], *[cut(a, 0, head) for a in args],
+                                   **{k: cut(v, 0, head) for k, v in kwargs.items()})
+        self._replay_ready(cache, layer, hidden_states)
+        tail_args = [cut(a, head, S) for a in args]
+        tail_kwargs = {k: cut(v, head, S) for k, v in kwargs.items()}
+        out_tail = self.forward(hidden_states[:, head:], *tail_args, **tail_kwargs)  # now the window path
+        return torch.cat([out_head, out_tail], dim=1)
 
     # --------------------------------------------------------------- helpers
     def _replay_key(self, act_dtype: torch.dtype, stock_dtype: torch.dtype) -> tuple:
@@ -111,8 +144,11 @@ class ReplayMixin:
     def _replay_ready(self, cache, layer, hidden_states) -> None:
         """After the stock path: have buffers (and the cache's arrival counters) ready for decoding."""
         state = compat.recurrent_state(layer)
-        if state is None or not compat.has_previous_state(layer) or compat.is_recording_past(layer):
+        if state is None or not compat.has_previous_state(layer):
             return
+        if compat.is_recording_past(layer):  # a prefill of a cache that will roll back (speculative decoding)
+            compat.conv_window_of_prefill(layer, self.conv1d.weight.shape[-1])
+            speculative.enable_layer_rollback(layer, cache)
         buffers = get_buffers(layer)
         if (buffers is None or buffers.extra.get("key") != self._replay_key(hidden_states.dtype, buffers.stock_dtype)
                 or buffers.batch_size != state.shape[0] or buffers.cursor.device != state.device

@@ -173,7 +173,7 @@ def attach_buffers(layer, buffers: ReplayBuffers, owner=None) -> None:
 
 
 def detach_buffers(layer) -> None:
-    """Remove the buffers and restore the cache layer's own methods."""
+    """Remove the buffers and restore the cache layer's own methods and class."""
     if getattr(layer, "_replayssm_wrapped", False):
         for name in METHODS:
             bound = layer.__dict__.get(name)
@@ -182,3 +182,6 @@ def detach_buffers(layer) -> None:
         del layer._replayssm_wrapped
     if hasattr(layer, ATTR):
         delattr(layer, ATTR)
+    original = getattr(type(layer), "_replayssm_original_layer_class", None)
+    if original is not None:  # the rollback subclass (``speculative.enable_layer_rollback``)
+        layer.__class__ = original

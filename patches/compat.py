@@ -5,6 +5,11 @@
 * 5.17 has no ``Cache.get_conv_state``; every 5.x keeps the tensors in
   ``cache.layers[i].conv_states[0]`` / ``recurrent_states[0]`` and the flag in
   ``has_previous_state[0]``, which is what these helpers read.
+* Speculative decoding: both versions call ``activate_past_recording`` on the target's and the
+  assisted draft's cache, crop with ``crop(-n)`` and refuse models whose class has
+  ``_is_stateful``; 5.24 also checks ``cache.is_croppable`` after the prefill (5.17 does not),
+  and while recording a layer keeps the prefill's whole conv input (5.24) or K columns (5.17),
+  which ``conv_window_of_prefill`` brings back to K columns.
 * Gated DeltaNet: 5.17 expands q/k to the value heads inside the mixer, 5.23+ inside the
   recurrent function; the ReplaySSM layers do their own expansion, so this only matters
   to code that calls transformers' functions.
@@ -138,3 +143,51 @@ def restore_decode_attention(model) -> None:
     saved = model.__dict__.pop(_SAVED_ATTN, None)
     if saved is not None and getattr(model.config, "_attn_implementation", None) == GROUPED_SDPA:
         model.set_attn_implementation(saved)
+
+def attention_crop(layer_class: type):
+    """The ``crop`` of the attention part of a cache-layer class (the first class in its MRO that
+    defines ``crop`` and is not a linear-attention layer), None for a linear-attention-only class."""
+    from transformers import cache_utils
+
+    linear = getattr(cache_utils, "LinearAttentionCacheLayerMixin", None)
+    for cls in layer_class.__mro__:
+        if "crop" in cls.__dict__ and not (linear is not None and issubclass(cls, linear)):
+            return cls.__dict__["crop"]
+    return None
+
+
+def conv_window_of_prefill(layer, width: int) -> None:
+    """After a prefill on a layer recording its past: the conv state as a (B, C, width) tensor of the
+    last ``width`` inputs (zeros before the first), as a non-recording prefill leaves it."""
+    conv = layer.conv_states[0]
+    if conv is None or conv.shape[-1] == width:
+        return
+    if conv.shape[-1] > width:
+        conv = conv[..., -width:]
+    else:
+        conv = torch.nn.functional.pad(conv, (width - conv.shape[-1], 0))
+    layer.conv_states[0] = conv.contiguous()
+
+
+def is_uninitialized_linear_layer(layer) -> bool:
+    """A linear-attention cache layer whose states were never set (5.17 builds one for every layer
+    type it does not know, MLP-only layers included, and its ``crop`` then fails)."""
+    states = getattr(layer, "conv_states", None)
+    return (isinstance(states, dict) and all(v is None for v in states.values())
+            and all(v is None for v in getattr(layer, "recurrent_states", {}).values()))
+
+
+def assisted_generation_gap(model) -> str | None:
+    """Why this transformers version's own assisted generation cannot serve ``model`` (patched or
+    not), or None. 5.17: its assisted loop looks the cache up under ``past_key_values`` only, which
+    its pure Mamba-2 model (``cache_params``) never has; and its qwen4_exp indexed attention, after a
+    partial rejection, continues off the greedy path although the rolled-back cache layers equal
+    freshly built ones (transformers' side; 5.24 passes the same test)."""
+    import transformers
+
+    old = tuple(int(p) for p in transformers.__version__.split(".")[:2]) < (5, 18)
+    if old and generate_cache_kwarg(model) == "cache_params":
+        return "transformers < 5.18 assisted decoding needs a past_key_values cache; this model takes cache_params"
+    if old and str(getattr(getattr(model, "config", None), "model_type", "")).startswith("qwen4_exp"):
+        return "transformers < 5.18: qwen4_exp's indexed attention leaves the greedy path after a crop"
+    return None

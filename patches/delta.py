@@ -12,6 +12,8 @@ With ``buffer_len=1`` the fused per-step kernel (``delta_step_decode``) runs ins
 per-step baseline inside the same decode.
 Heads are never expanded here: value head h reads key head h // (HV / Hk) inside the
 kernels, so the 5.17 vs 5.23 difference in where transformers expands them does not matter.
+On a cache recording its past (speculative decoding) the same step takes T >= 1 tokens: the conv
+over the window with a roll-back-able history and ``delta_replay_verify`` (``speculative``).
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from __future__ import annotations
 import torch
 
 from replayssm.kernels.delta.gdn_gates import gdn_gates
-from replayssm.kernels.delta import delta_replay_decode, delta_replay_materialize, delta_step_decode, l2norm_qk
+from replayssm.kernels.delta import (delta_replay_decode, delta_replay_materialize, delta_replay_verify, delta_step_decode,
+                                     l2norm_qk)
 
-from . import compat
+from . import compat, speculative
 from .base import ReplayMixin, apply_padding_mask
 from .cache_state import ReplayBuffers
 from .fused_norm import gated_norm
@@ -35,14 +38,32 @@ class _DeltaReplayMixin(ReplayMixin):
         t = buffers.tensors
         return delta_replay_materialize(state, t["u_buf"], t["k_buf"], t["g_buf"], buffers.cursor)
 
-    def _run_kernel(self, layer, buffers, q, k, v, g, beta):
+    def _run_kernel(self, layer, buffers, q, k, v, g, beta, window=None):
+        """q, k (B, T, Hk, K); v (B, T, HV, V); g (B, T, HV[, K]); beta (B, T, HV) -> o (B, T, HV, V).
+        T = 1 without ``window`` (a decode step); with it a verify of T tokens."""
         t = buffers.tensors
-        q, k = l2norm_qk(q, k, q.shape[-1] ** -0.5, backend=self.replay_options.backend)
+        batch, T = q.shape[:2]
+        backend = self.replay_options.backend
+        qn, kn = l2norm_qk(q.reshape(batch * T, *q.shape[2:]), k.reshape(batch * T, *k.shape[2:]),
+                           q.shape[-1] ** -0.5, backend=backend)
+        qn, kn = qn.view(q.shape), kn.view(k.shape)
+        state = compat.recurrent_state(layer)
+        if window is not None:
+            return delta_replay_verify(qn, kn, v, g, beta, state, t["u_buf"], t["k_buf"], t["g_buf"], buffers.cursor,
+                                       backend=backend)
+        qn, kn, v, g, beta = (a[:, 0] for a in (qn, kn, v, g, beta))
         if self.replay_options.buffer_len == 1:  # every step writes the state: the fused per-step kernel
-            return delta_step_decode(q, k, v, g, beta, compat.recurrent_state(layer),
-                                     backend=self.replay_options.backend)
-        return delta_replay_decode(q, k, v, g, beta, compat.recurrent_state(layer), t["u_buf"], t["k_buf"],
-                                   t["g_buf"], buffers.cursor, backend=self.replay_options.backend)
+            o = delta_step_decode(qn, kn, v, g, beta, state, backend=backend)
+        else:
+            o = delta_replay_decode(qn, kn, v, g, beta, state, t["u_buf"], t["k_buf"], t["g_buf"], buffers.cursor,
+                                    backend=backend)
+        return o[:, None]
+
+    def _conv_tokens(self, layer, buffers, mixed, window):
+        """mixed (B, T, C) conv inputs -> conv outputs (B, T, C)."""
+        if window is None:
+            return self._conv(layer, mixed[:, 0])[:, None]
+        return speculative.window_conv(self, layer, buffers, window, mixed)
 
 
 class ReplayGatedDeltaNetMixer(_DeltaReplayMixin):
@@ -51,37 +72,39 @@ class ReplayGatedDeltaNetMixer(_DeltaReplayMixin):
     layer_kind = GATED_DELTANET
 
     def _project(self, h: torch.Tensor):
-        """h (B, 1, hidden) -> mixed_qkv (B, conv_dim), gate z (B, Hv, dv), b, a (B, Hv), beta scale."""
-        batch = h.shape[0]
+        """h (B, T, hidden) -> mixed_qkv (B, T, conv_dim), gate z (B, T, Hv, dv), b, a (B, T, Hv), beta scale."""
+        batch, T = h.shape[:2]
         scale = 1.0
         if hasattr(self, "in_proj_qkvz"):  # Qwen3Next: interleaved per key-head group
             q, k, v, z, b, a = self.fix_query_key_value_ordering(self.in_proj_qkvz(h), self.in_proj_ba(h))
-            mixed = torch.cat([t.reshape(batch, -1) for t in (q, k, v)], dim=-1)
+            mixed = torch.cat([t.reshape(batch, T, -1) for t in (q, k, v)], dim=-1)
         elif hasattr(self, "in_proj_qkv"):  # Qwen3.5, Qwen3.5-MoE, Qwen4Exp
-            mixed = self.in_proj_qkv(h)[:, 0]
+            mixed = self.in_proj_qkv(h)
             z, b, a = self.in_proj_z(h), self.in_proj_b(h), self.in_proj_a(h)
         else:  # OlmoHybrid
-            mixed = torch.cat([self.q_proj(h), self.k_proj(h), self.v_proj(h)], dim=-1)[:, 0]
+            mixed = torch.cat([self.q_proj(h), self.k_proj(h), self.v_proj(h)], dim=-1)
             z, b, a = self.g_proj(h), self.b_proj(h), self.a_proj(h)
             if getattr(self, "allow_neg_eigval", False):
                 scale = 2.0
-        return (mixed, z.reshape(batch, self.num_v_heads, self.head_v_dim), b.reshape(batch, self.num_v_heads),
-                a.reshape(batch, self.num_v_heads), scale)
+        return (mixed, z.reshape(batch, T, self.num_v_heads, self.head_v_dim),
+                b.reshape(batch, T, self.num_v_heads), a.reshape(batch, T, self.num_v_heads), scale)
 
-    def _replay_step(self, hidden_states, layer, buffers: ReplayBuffers, attention_mask):
-        batch = hidden_states.shape[0]
+    def _replay_step(self, hidden_states, layer, buffers: ReplayBuffers, attention_mask, window=None):
+        batch, T = hidden_states.shape[:2]
         h = apply_padding_mask(hidden_states, attention_mask)
         mixed, z, b, a, beta_scale = self._project(h)
-        mixed = self._conv(layer, mixed)
+        mixed = self._conv_tokens(layer, buffers, mixed, window)
         q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        q = q.reshape(batch, self.num_k_heads, self.head_k_dim)
-        k = k.reshape(batch, self.num_k_heads, self.head_k_dim)
-        v = v.reshape(batch, self.num_v_heads, self.head_v_dim)
-        g, beta = gdn_gates(a, b, self.A_log, self.dt_bias, beta_scale, backend=self.replay_options.backend)
-        o = self._run_kernel(layer, buffers, q, k, v, g, beta)  # (B, Hv, dv)
+        q = q.reshape(batch, T, self.num_k_heads, self.head_k_dim)
+        k = k.reshape(batch, T, self.num_k_heads, self.head_k_dim)
+        v = v.reshape(batch, T, self.num_v_heads, self.head_v_dim)
+        g, beta = gdn_gates(a.reshape(batch * T, -1), b.reshape(batch * T, -1), self.A_log, self.dt_bias, beta_scale,
+                            backend=self.replay_options.backend)
+        g, beta = g.view(batch, T, -1), beta.view(batch, T, -1)
+        o = self._run_kernel(layer, buffers, q, k, v, g, beta, window)  # (B, T, Hv, dv)
         norm = self.norm if hasattr(self, "norm") else self.o_norm
         o = gated_norm(norm, o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim),
-                       self.replay_options.backend).reshape(batch, 1, -1)
+                       self.replay_options.backend).reshape(batch, T, -1)
         proj = self.out_proj if hasattr(self, "out_proj") else self.o_proj
         return proj(o)
 
@@ -91,17 +114,17 @@ class ReplayKimiDeltaMixer(_DeltaReplayMixin):
 
     layer_kind = KDA
 
-    def _replay_step(self, hidden_states, layer, buffers: ReplayBuffers, attention_mask):
-        batch = hidden_states.shape[0]
+    def _replay_step(self, hidden_states, layer, buffers: ReplayBuffers, attention_mask, window=None):
+        batch, T = hidden_states.shape[:2]
         H, D = self.num_heads, self.head_dim
         h = apply_padding_mask(hidden_states, attention_mask)
-        mixed = torch.cat([self.q_proj(h), self.k_proj(h), self.v_proj(h)], dim=-1)[:, 0]
-        mixed = self._conv(layer, mixed)
-        q, k, v = (t.reshape(batch, H, D) for t in torch.split(mixed, [self.qkv_dim] * 3, dim=-1))
-        g = self.forget_gate(h).float().reshape(batch, H, D)
-        beta = torch.sigmoid(self.b_proj(h).float()).reshape(batch, H)
-        o = self._run_kernel(layer, buffers, q, k, v, g, beta)  # (B, H, D)
+        mixed = torch.cat([self.q_proj(h), self.k_proj(h), self.v_proj(h)], dim=-1)
+        mixed = self._conv_tokens(layer, buffers, mixed, window)
+        q, k, v = (t.reshape(batch, T, H, D) for t in torch.split(mixed, [self.qkv_dim] * 3, dim=-1))
+        g = self.forget_gate(h).float().reshape(batch, T, H, D)
+        beta = torch.sigmoid(self.b_proj(h).float()).reshape(batch, T, H)
+        o = self._run_kernel(layer, buffers, q, k, v, g, beta, window)  # (B, T, H, D)
         gate = self.g_proj(h) if hasattr(self, "g_proj") else self.g_b_proj(self.g_a_proj(h))
-        o = gated_norm(self.o_norm, o.reshape(batch, 1, H, D), gate.reshape(batch, 1, H, D),
-                       self.replay_options.backend).reshape(batch, 1, -1)
+        o = gated_norm(self.o_norm, o.reshape(batch, T, H, D), gate.reshape(batch, T, H, D),
+                       self.replay_options.backend).reshape(batch, T, -1)
         return self.o_proj(o)

@@ -7,15 +7,19 @@ in the cache's recurrent state + ring of (x, dt, B)) -> gated RMSNorm (the modul
 ``norm``; FalconH1 without it gates with z inside the kernel) -> out_proj. With
 ``buffer_len=1`` every step writes the state anyway, so the fused per-step kernel
 (``mamba2_step_decode``) runs instead: the per-step baseline inside the same decode.
+
+On a cache recording its past (speculative decoding) the same step takes T >= 1 tokens: the conv
+over the window with a roll-back-able history and ``mamba2_replay_verify`` (``speculative``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from replayssm.kernels.mamba2 import mamba2_replay_decode, mamba2_replay_materialize, mamba2_step_decode
+from replayssm.kernels.mamba2 import (mamba2_replay_decode, mamba2_replay_materialize, mamba2_replay_verify,
+                                      mamba2_step_decode)
 
-from . import compat
+from . import compat, speculative
 from .base import ReplayMixin, apply_padding_mask
 from .cache_state import ReplayBuffers
 from .fused_norm import gated_norm
@@ -33,8 +37,8 @@ class ReplayMamba2Mixer(ReplayMixin):
         A = -torch.exp(self.A_log.float())
         return mamba2_replay_materialize(state, t["x_buf"], t["dt_buf"], t["B_buf"], buffers.cursor, A)
 
-    def _replay_step(self, hidden_states, layer, buffers: ReplayBuffers, attention_mask):
-        batch = hidden_states.shape[0]
+    def _replay_step(self, hidden_states, layer, buffers: ReplayBuffers, attention_mask, window=None):
+        batch, T = hidden_states.shape[:2]
         dtype = hidden_states.dtype
         is_falcon_h1 = hasattr(self, "mup_vector") or hasattr(self, "ssm_in_multiplier")
 
@@ -46,26 +50,37 @@ class ReplayMamba2Mixer(ReplayMixin):
             projected = projected * self.mup_vector
         gate, xBC, dt = projected.split([self.intermediate_size, self.conv_dim, self.num_heads], dim=-1)
 
-        xBC = self._conv(layer, xBC[:, 0])[:, None]
+        if window is None:
+            xBC = self._conv(layer, xBC[:, 0])[:, None]
+        else:
+            xBC = speculative.window_conv(self, layer, buffers, window, xBC)
         xBC = apply_padding_mask(xBC, attention_mask)
         GN = self.n_groups * self.ssm_state_size
         x, Bm, Cm = torch.split(xBC, [self.intermediate_size, GN, GN], dim=-1)
 
+        H, P, G, N = self.num_heads, self.head_dim, self.n_groups, self.ssm_state_size
         z = None
         if is_falcon_h1 and not getattr(self, "mamba_rms_norm", True):
-            z = gate.reshape(batch, self.num_heads, self.head_dim)
+            z = gate.reshape(batch, T, H, P)
         t = buffers.tensors
-        args = (x.reshape(batch, self.num_heads, self.head_dim), dt.reshape(batch, self.num_heads),
-                Bm.reshape(batch, self.n_groups, self.ssm_state_size), Cm.reshape(batch, self.n_groups, self.ssm_state_size))
-        if self.replay_options.buffer_len == 1:  # every step writes the state: the fused per-step kernel
-            y = mamba2_step_decode(*args, compat.recurrent_state(layer), -torch.exp(self.A_log.float()),
-                                   self.dt_bias, self.D, z, True, backend=self.replay_options.backend)
+        A = -torch.exp(self.A_log.float())
+        args = (x.reshape(batch, T, H, P), dt.reshape(batch, T, H), Bm.reshape(batch, T, G, N),
+                Cm.reshape(batch, T, G, N))
+        backend = self.replay_options.backend
+        if window is not None:  # speculative verify of T tokens
+            y = mamba2_replay_verify(*args, compat.recurrent_state(layer), t["x_buf"], t["dt_buf"], t["B_buf"],
+                                     buffers.cursor, A, self.dt_bias, self.D, z, True, backend=backend)
         else:
-            y = mamba2_replay_decode(
-                *args, compat.recurrent_state(layer), t["x_buf"], t["dt_buf"], t["B_buf"], buffers.cursor,
-                -torch.exp(self.A_log.float()), self.dt_bias, self.D, z, True,
-                arrivals=buffers.extra.get("arrivals"), backend=self.replay_options.backend)
-        y = y.reshape(batch, 1, self.num_heads * self.head_dim)
+            args = tuple(a[:, 0] for a in args)
+            z = z[:, 0] if z is not None else None
+            if self.replay_options.buffer_len == 1:  # every step writes the state: the fused per-step kernel
+                y = mamba2_step_decode(*args, compat.recurrent_state(layer), A, self.dt_bias, self.D, z, True,
+                                       backend=backend)
+            else:
+                y = mamba2_replay_decode(
+                    *args, compat.recurrent_state(layer), t["x_buf"], t["dt_buf"], t["B_buf"], buffers.cursor, A,
+                    self.dt_bias, self.D, z, True, arrivals=buffers.extra.get("arrivals"), backend=backend)
+        y = y.reshape(batch, T, H * P)
         if not is_falcon_h1 or getattr(self, "mamba_rms_norm", True):
-            y = gated_norm(self.norm, y, gate, self.replay_options.backend)
+            y = gated_norm(self.norm, y, gate, backend)
         return self.out_proj(y.to(dtype))

@@ -21,9 +21,11 @@ from .errors import (
     OutOfDiskError,
     OutputExistsError,
     ReplaySSMError,
+    RollbackError,
     SchemaVersionError,
     UnsupportedLayerError,
     ValidationFailedError,
+    VerifyWindowError,
 )
 
 # Everything else is imported on first use, so that `import replayssm` (and every CLI start,
@@ -31,6 +33,7 @@ from .errors import (
 _LAZY = {
     "graph_report": "api", "is_patched": "api", "patch": "api", "release_graphs": "api", "replayssm_report": "api", "unpatch": "api",
     "SCHEMA_VERSION": "config", "ReplaySSMConfig": "config",
+    "rollback": "speculation", "verify": "speculation",
     "SSMLayerInfo": "discovery", "find_ssm_layers": "discovery",
     "ConvertResult": "conversion", "convert": "conversion", "describe": "inspection",
     "from_pretrained": "io", "save_pretrained": "io",
@@ -66,11 +69,13 @@ __all__ = [
     "OutputExistsError",
     "ReplaySSMConfig",
     "ReplaySSMError",
+    "RollbackError",
     "SSMLayerInfo",
     "SchemaVersionError",
     "UnsupportedLayerError",
     "ValidationFailedError",
     "ValidationResult",
+    "VerifyWindowError",
     "__version__",
     "convert",
     "describe",
@@ -81,7 +86,9 @@ __all__ = [
     "patch",
     "release_graphs",
     "replayssm_report",
+    "rollback",
     "save_pretrained",
     "unpatch",
     "validate_checkpoint",
+    "verify",
 ]

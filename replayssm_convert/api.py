@@ -10,6 +10,7 @@ from replayssm.patches.options import LayerReplayOptions
 from replayssm.patches.kinds import KINDS
 from replayssm.patches.registry import replay_class_for, restore_class
 from replayssm.patches.base import OPTIONS_ATTR
+from replayssm.patches import speculative
 from replayssm.patches.graph_decode import GraphDecoder
 from replayssm.patches.speedups import drop_decode_speedups, use_decode_speedups
 
@@ -59,7 +60,9 @@ def patch(
     (see ``replayssm.patches.graph_decode``). Idempotent: patching a patched model only
     updates its options; generation caches still in use carry over to the new options exactly
     (their buffered tokens are folded into the checkpoint). The configuration is recorded on
-    ``model.config`` so that ``save_pretrained`` keeps it.
+    ``model.config`` so that ``save_pretrained`` keeps it. Once every SSM layer is rewritten, the
+    model instance accepts assisted and prompt-lookup generation (its caches roll back by moving
+    ring cursors; see ``replayssm.patches.speculative``); ``unpatch`` restores the refusal.
 
     Raises NoSSMLayersError if the model has no SSM layer, UnsupportedLayerError for a
     selected layer this version cannot rewrite (with ``strict=False`` it is skipped and
@@ -126,6 +129,10 @@ def patch(
     else:
         GraphDecoder.uninstall(model)
     # layers patched earlier but not selected now keep their rewrite (idempotent, additive)
+    if all(r.patched for r in find_ssm_layers(model)):  # every recurrent layer can roll back
+        speculative.allow_assisted(model)
+    else:
+        speculative.restore_assisted(model)
     top = _top_config(model)
     block_layers = [{"name": r.name, "kind": r.kind} for r in rewritten]
     if top is not None:
@@ -143,6 +150,7 @@ def unpatch(model: torch.nn.Module) -> torch.nn.Module:
     """
     GraphDecoder.uninstall(model)
     drop_decode_speedups(model)
+    speculative.restore_assisted(model)
     for _, module in model.named_modules():
         if hasattr(module, OPTIONS_ATTR) or getattr(type(module), "_replayssm_original_class", None):
             if hasattr(module, "_replay_release"):

@@ -60,3 +60,12 @@ class OutOfDiskError(ReplaySSMError, OSError):
 
 class CacheStateError(ReplaySSMError):
     """A generation cache's ReplaySSM buffers do not match the cache they live in."""
+
+
+class RollbackError(ReplaySSMError, RuntimeError):
+    """A cache cannot be rolled back as asked: the tokens to remove are no longer in the ReplaySSM
+    ring (folded into the checkpoint), or the cache was not recording its past."""
+
+
+class VerifyWindowError(ReplaySSMError, ValueError):
+    """A multi-token (verify) forward holds more tokens than the ReplaySSM ring can keep."""

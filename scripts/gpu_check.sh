@@ -22,6 +22,7 @@ if python3 -c "import xdist" >/dev/null 2>&1; then WORKERS="-n ${GPU_TEST_WORKER
 python3 -m pytest -m gpu -q -x $WORKERS ${PYTEST_ARGS:-} tests 2>&1 | tee "$OUT_DIR/gpu_tests.log" || rc=1
 if [ -z "${SKIP_BENCH:-}" ]; then
   python3 examples/benchmarks/bench_kernels.py --out "$OUT_DIR" ${BENCH_ARGS:-} 2>&1 | tee "$OUT_DIR/bench_kernels.log" || rc=1
+  python3 examples/benchmarks/bench_verify.py --out "$OUT_DIR" 2>&1 | tee "$OUT_DIR/bench_verify.log" || rc=1
   # whole-model generate() step, stock / eager / CUDA graphs (BENCH_PRESETS="" skips it)
   for p in ${BENCH_PRESETS-nemotron3-nano-like qwen3.5-4b-like kimi-linear-like}; do
     python3 -m replayssm.cli bench --preset "$p" --json "$OUT_DIR/bench_$p.json" --plot "$OUT_DIR/bench_$p.png" 2>&1 \

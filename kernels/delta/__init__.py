@@ -24,12 +24,15 @@ from .reference import (
     delta_step_decode_reference,
     l2norm_qk_reference,
 )
+from .verify import delta_replay_verify_reference
 
 __all__ = [
     "delta_replay_decode",
     "delta_replay_decode_reference",
     "delta_replay_materialize",
     "delta_replay_materialize_reference",
+    "delta_replay_verify",
+    "delta_replay_verify_reference",
     "delta_step_decode",
     "delta_step_decode_reference",
     "l2norm_qk",
@@ -54,6 +57,16 @@ def delta_replay_decode(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, ou
 
         return delta_replay_decode_triton(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out)
     return delta_replay_decode_reference(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out)
+
+
+def delta_replay_verify(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out=None, *,
+                        backend: str = "auto") -> torch.Tensor:
+    """A speculative verify of T tokens per row; see ``verify.delta_replay_verify_reference``."""
+    if resolve_backend(backend, v.device) == "triton":
+        from .verify_ops import delta_replay_verify_triton
+
+        return delta_replay_verify_triton(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out)
+    return delta_replay_verify_reference(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out)
 
 
 def l2norm_qk(q, k, q_scale: float, eps: float = 1e-6, *, backend: str = "auto"):

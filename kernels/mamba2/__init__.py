@@ -16,12 +16,15 @@ from .reference import (
     mamba2_step_decode_reference,
     process_dt,
 )
+from .verify import mamba2_replay_verify_reference
 
 __all__ = [
     "mamba2_replay_decode",
     "mamba2_replay_decode_reference",
     "mamba2_replay_materialize",
     "mamba2_replay_materialize_reference",
+    "mamba2_replay_verify",
+    "mamba2_replay_verify_reference",
     "mamba2_step_decode",
     "mamba2_step_decode_reference",
     "process_dt",
@@ -38,6 +41,18 @@ def mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt
                                            dt_softplus, out, arrivals)
     return mamba2_replay_decode_reference(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z,
                                           dt_softplus, out, arrivals)
+
+
+def mamba2_replay_verify(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None,
+                         dt_softplus=True, out=None, *, backend: str = "auto") -> torch.Tensor:
+    """A speculative verify of T tokens per row; see ``verify.mamba2_replay_verify_reference``."""
+    if resolve_backend(backend, x.device) == "triton":
+        from .verify_ops import mamba2_replay_verify_triton
+
+        return mamba2_replay_verify_triton(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z,
+                                           dt_softplus, out)
+    return mamba2_replay_verify_reference(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z,
+                                          dt_softplus, out)
 
 
 def mamba2_step_decode(x, dt, B, C, state, A, dt_bias=None, D=None, z=None, dt_softplus=True, *,

@@ -1,0 +1,145 @@
+"""Verify-step benchmark: one layer's speculative verify of T tokens (plus its rollback) against one
+plain ReplaySSM decode step, Mamba-2 and delta rule (GDN, KDA), in CUDA graphs.
+
+Per (shape, batch, T) it reports µs per call of: ``step`` (``mamba2_replay_decode`` /
+``delta_replay_decode``, averaged over whole L-step cycles, flush included), ``verify`` (T tokens
+per row, then every row rolled back by T - 1 tokens, so the cursors cycle as a run at acceptance
+1/T would; flush-first rows included), the ratio ``verify / step`` (issue target: <= 1.3 at T = 5,
+batch 1-64) and ``verify / (T x step)`` (target at batch 256, T = 4: <= 0.5). Writes
+``verify.json`` and ``verify.md`` under ``--out``. ``--smoke``: tiny shapes on any device.
+
+    python examples/benchmarks/bench_verify.py --batches 1,64,256 --T 4,5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from replayssm.kernels.delta import delta_replay_decode, delta_replay_verify
+from replayssm.kernels.mamba2 import mamba2_replay_decode, mamba2_replay_verify
+from replayssm.kernels.speculation import rollback_cursor_reference
+
+SHAPES = {"nemotron3-super": ("mamba2", (128, 64, 128, 8)), "qwen3.5-4b-gdn": ("delta", (16, 32, 128, 128, False)),
+          "kimi-linear-kda": ("delta", (32, 32, 128, 128, True))}
+SMOKE = {"smoke-mamba2": ("mamba2", (4, 16, 16, 2)), "smoke-gdn": ("delta", (2, 4, 16, 16, False))}
+ACT = torch.bfloat16
+
+
+def _l2n(t):
+    return t / torch.sqrt((t * t).sum(-1, keepdim=True) + 1e-6)
+
+
+def make_layer(family, shape, Bt, L, T, dev, act):
+    """(step(), verify()) closures over one layer's checkpoint (fp32), rings and inputs."""
+    g = torch.Generator().manual_seed(0)
+    cursor = torch.zeros(Bt, dtype=torch.int32, device=dev)
+    back = torch.full((Bt,), T - 1, dtype=torch.int32, device=dev)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    if family == "mamba2":
+        H, P, N, G = shape
+        state = r(Bt, H, P, N).to(dev)
+        rings = (torch.zeros(Bt, H, L, P, dtype=act, device=dev), torch.zeros(Bt, H, L, device=dev),
+                 torch.zeros(Bt, G, L, N, dtype=act, device=dev))
+        A, dtb, D = (-torch.rand(H, generator=g) - 0.5).to(dev), r(H).to(dev), r(H).to(dev)
+        one = [r(Bt, H, P).to(act), (r(Bt, H) - 2).to(act), r(Bt, G, N).to(act), r(Bt, G, N).to(act)]
+        win = [r(Bt, T, H, P).to(act), (r(Bt, T, H) - 2).to(act), r(Bt, T, G, N).to(act), r(Bt, T, G, N).to(act)]
+        one, win = [t.to(dev) for t in one], [t.to(dev) for t in win]
+        step = lambda: mamba2_replay_decode(*one, state, *rings, cursor, A, dtb, D)  # noqa: E731
+        verify = lambda: mamba2_replay_verify(*win, state, *rings, cursor, A, dtb, D)  # noqa: E731
+    else:
+        Hk, HV, K, V, kda = shape
+        state = r(Bt, HV, K, V).to(dev)
+        rings = (torch.zeros(Bt, HV, L, V, dtype=act, device=dev), torch.zeros(Bt, Hk, L, K, dtype=act, device=dev),
+                 torch.zeros(*((Bt, HV, L, K) if kda else (Bt, HV, L)), device=dev))
+
+        def toks(*lead):
+            q = (_l2n(r(*lead, Hk, K)) * K ** -0.5).to(dev)
+            k = _l2n(r(*lead, Hk, K)).to(dev)
+            gate = (-torch.exp(r(*lead, HV, *((K,) if kda else ())) - 2)).to(dev)
+            return q, k, r(*lead, HV, V).to(act).to(dev), gate, torch.sigmoid(r(*lead, HV)).to(dev)
+
+        one, win = toks(Bt), toks(Bt, T)
+        step = lambda: delta_replay_decode(*one, state, *rings, cursor)  # noqa: E731
+        verify = lambda: delta_replay_verify(*win, state, *rings, cursor)  # noqa: E731
+
+    def verify_and_rollback():
+        verify()
+        rollback_cursor_reference(cursor, back)
+
+    return step, verify_and_rollback, cursor
+
+
+def time_us(fn, calls: int, dev) -> float:
+    """µs per call of ``fn`` repeated ``calls`` times in one CUDA graph (eager off the GPU)."""
+    if dev.type != "cuda":
+        import time
+
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - t0) / calls * 1e6
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(5):
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(end) * 1e3 / calls)
+    return best
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batches", default="1,64,256")
+    ap.add_argument("--T", default="4,5", help="verify window lengths")
+    ap.add_argument("--L", type=int, default=16)
+    ap.add_argument("--out", default="out/bench")
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args(argv)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    shapes = SMOKE if args.smoke else SHAPES
+    batches = [2] if args.smoke else [int(b) for b in args.batches.split(",")]
+    rows = []
+    for name, (family, shape) in shapes.items():
+        for Bt in batches:
+            step_us = None
+            for T in (int(t) for t in args.T.split(",")):
+                step, verify, _ = make_layer(family, shape, Bt, args.L, T, dev, torch.float32 if args.smoke else ACT)
+                if step_us is None:
+                    step_us = time_us(step, 2 if args.smoke else args.L * 4, dev)
+                verify_us = time_us(verify, 2 if args.smoke else 32, dev)
+                rows.append(dict(shape=name, batch=Bt, T=T, step_us=round(step_us, 2), verify_us=round(verify_us, 2),
+                                 verify_per_step=round(verify_us / step_us, 3),
+                                 verify_per_T_steps=round(verify_us / (T * step_us), 3)))
+                print(json.dumps(rows[-1]), flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "verify.json").write_text(json.dumps(rows, indent=1) + "\n")
+    lines = ["| shape | batch | T | step µs | verify+rollback µs | / step | / (T x step) |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['shape']} | {r['batch']} | {r['T']} | {r['step_us']} | {r['verify_us']} | {r['verify_per_step']} | "
+              f"{r['verify_per_T_steps']} |" for r in rows]
+    (out / "verify.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""The delta-rule verify step as a PyTorch custom operator (``torch.ops.replayssm.delta_replay_verify``):
+opaque to ``torch.compile`` and free of host synchronisation, so it can be captured in a CUDA graph.
+
+First step: the operator runs the PyTorch reference (``verify.delta_replay_verify_reference``) on
+the device: per window token one reconstruction of the state from the checkpoint and the ring
+(T state-sized temporaries, no per-token state write to the cache). A fused Triton program (the
+checkpoint read once, the window's corrections by a T x T triangular solve) replaces it here
+without changing the signature.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .verify import delta_replay_verify_reference
+
+__all__ = ["delta_replay_verify_triton", "verify_op"]
+
+
+@torch.library.custom_op("replayssm::delta_replay_verify",
+                         mutates_args=("state", "u_buf", "k_buf", "g_buf", "cursor", "out"))
+def verify_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+              state: torch.Tensor, u_buf: torch.Tensor, k_buf: torch.Tensor, g_buf: torch.Tensor, cursor: torch.Tensor,
+              out: torch.Tensor, zero_idle: bool) -> None:
+    """One verify step written into ``out`` (idle rows: zeros if ``zero_idle``, else untouched)."""
+    if zero_idle:
+        out.copy_(delta_replay_verify_reference(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor))
+    else:
+        delta_replay_verify_reference(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out)
+
+
+@verify_op.register_fake
+def _verify_fake(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, zero_idle) -> None:
+    return None
+
+
+def delta_replay_verify_triton(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out=None):
+    """The verify step through the custom operator; same signature and semantics as
+    ``delta_replay_verify_reference``."""
+    zero_idle = out is None
+    if out is None:
+        out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    verify_op(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, zero_idle)
+    return out

@@ -1,0 +1,228 @@
+"""Speculative decoding on the replay path: multi-token (verify) forwards and rollback.
+
+A cache layer that records its past (transformers' ``activate_past_recording``, which assisted
+generation calls on the target's and the draft's cache) is in *rollback mode*: every forward of
+the rewritten mixer on it (T >= 1 new tokens) goes through the window path, which
+
+* checks that the T tokens fit the ring (``VerifyWindowError`` otherwise),
+* makes room where the ring cannot hold them: rows whose entries are all committed flush first
+  inside the verify kernel; rows holding uncommitted entries (appended since the last crop, e.g.
+  a draft model's single-token steps) first fold only their committed prefix and shift the rest
+  to the front of the ring (``_compact``), folding uncommitted entries only if there is no other
+  way (a later rollback into them then raises ``RollbackError``),
+* runs the conv over the window with a history (``kernels.speculation``) and the kind's verify.
+
+A rollback (``crop(-n)`` or ``rollback``) moves each row's cursor back and restores its conv state
+from the history; it raises ``RollbackError`` when a removed token is no longer in the ring. Per
+row, ``committed`` (int32, in the buffers) is the cursor at the last rollback: entries before it
+may be folded freely.
+
+The cache layer instances get a subclass (``rollback_layer_class``: ``is_croppable`` true in
+rollback mode, ``crop`` that rolls the SSM part back and crops the attention part as its class
+does); ``cache_state.detach_buffers`` gives them their class back. The model instance gets
+``_is_stateful = False`` (``allow_assisted``), which ``restore_assisted`` removes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from replayssm.errors import RollbackError, VerifyWindowError
+from replayssm.kernels.speculation import (conv_rollback_reference, conv_verify_reference, rollback_cursor_reference,
+                                           verify_start)
+
+from . import compat
+from .cache_state import ReplayBuffers, get_buffers
+
+HIST, COMMITTED = "conv_hist", "committed"
+#: model-instance attribute recording that ``allow_assisted`` set ``_is_stateful``
+_STATEFUL_MARK = "_replayssm_stateless"
+_LAYER_CLASSES: dict[type, type] = {}
+
+
+# ----------------------------------------------------------------------------- the window path
+def ring_len(buffers: ReplayBuffers) -> int:
+    """L of the layer's rings (slots per row): dim 2 of every ring tensor."""
+    return next(t.shape[2] for name, t in buffers.tensors.items() if name not in (HIST, COMMITTED))
+
+
+def prepare_window(mixer, layer, buffers: ReplayBuffers, T: int) -> torch.Tensor:
+    """Make room for a T-token window on every row (module notes); returns each row's window start
+    slot (Bt,) long, the slot the verify kernel appends the first token at."""
+    L = ring_len(buffers)
+    if T > L:
+        raise VerifyWindowError(
+            f"layer {getattr(mixer, 'layer_idx', '?')}: a forward of T new tokens on a cache in rollback mode keeps "
+            f"all T in the ReplaySSM ring; expected T <= buffer_len = {L}, found T = {T}",
+            hint=f"patch with buffer_len >= {T}, or draft fewer tokens (num_assistant_tokens / "
+                 f"prompt_lookup_num_tokens <= {L - 1})")
+    t = buffers.tensors
+    if HIST not in t:
+        _enter_rollback_mode(mixer, layer, buffers, L)
+    cursor = buffers.cursor
+    committed = t[COMMITTED]
+    over = (cursor + T > L) & (committed < cursor)
+    if bool(over.any()):  # uncommitted entries on a full ring (a draft's single steps): keep them
+        fold = torch.maximum(committed, cursor + T - L).clamp(min=0)
+        _compact(mixer, layer, buffers, torch.where(over, fold, torch.zeros_like(fold)))
+    start = verify_start(buffers.cursor, T, L)
+    committed.copy_(torch.minimum(committed, start.to(committed.dtype)))  # a flush-first row folds them all
+    return start
+
+
+def window_conv(mixer, layer, buffers: ReplayBuffers, start: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """x (Bt, T, C) conv inputs -> (Bt, T, C) conv outputs; the cache's conv state and the history
+    follow. (PyTorch ops on every backend: a few K + T columns per channel.)"""
+    weight = mixer.conv1d.weight.squeeze(1)
+    return conv_verify_reference(buffers.tensors[HIST], compat.conv_state(layer), start, buffers.cursor >= 0, x,
+                                 weight, mixer.conv1d.bias, mixer.activation)
+
+
+def _enter_rollback_mode(mixer, layer, buffers: ReplayBuffers, L: int) -> None:
+    """First window on this cache layer: fold what plain decode steps buffered (their conv inputs
+    were not kept, so they could not be rolled back) and allocate the history and the marks."""
+    state = compat.recurrent_state(layer)
+    if buffers.pending():
+        mixer._replay_materialize(state, buffers)
+    conv = compat.conv_state(layer)
+    Bt, C, K = conv.shape
+    buffers.tensors[HIST] = torch.zeros(Bt, C, K + L, dtype=conv.dtype, device=conv.device)
+    buffers.tensors[COMMITTED] = torch.zeros(Bt, dtype=torch.int32, device=conv.device)
+
+
+def leave_rollback_mode(mixer, layer, buffers: ReplayBuffers) -> None:
+    """The cache stopped recording its past: fold the ring (its cursor may be L, which a plain
+    decode step does not take) and drop the history."""
+    if buffers.pending():
+        mixer._replay_materialize(compat.recurrent_state(layer), buffers)
+    buffers.tensors.pop(HIST, None)
+    buffers.tensors.pop(COMMITTED, None)
+
+
+def _ring_names(mixer) -> list[str]:
+    kind = mixer.layer_kind
+    return list(kind.buffer_specs(kind.shapes(mixer), 1, 1, None))
+
+
+def _shift(t: torch.Tensor, m: torch.Tensor, dim: int) -> torch.Tensor:
+    """``t`` with each row's entries along ``dim`` moved down by ``m[b]`` (the tail repeats)."""
+    n = t.shape[dim]
+    idx = (torch.arange(n, device=t.device)[None, :] + m[:, None]).clamp(max=n - 1)  # (Bt, n)
+    shape = [t.shape[0]] + [1] * (t.dim() - 1)
+    shape[dim] = n
+    return t.gather(dim, idx.view(shape).expand(t.shape))
+
+
+def _compact(mixer, layer, buffers: ReplayBuffers, m: torch.Tensor) -> None:
+    """Fold each row's first ``m[b]`` ring entries into the checkpoint and move the rest to the front
+    (ring, conv history, cursor, committed mark). KDA's running decay sums are re-based."""
+    m = m.long()
+    fold = ReplayBuffers(buffers.tensors, m.to(buffers.cursor.dtype), buffers.buffer_len, buffers.stock_dtype)
+    mixer._replay_materialize(compat.recurrent_state(layer), fold)
+    t = buffers.tensors
+    for name in _ring_names(mixer):
+        ring = t[name]
+        shifted = _shift(ring, m, 2)
+        if name == "g_buf" and ring.dim() == 4:  # KDA: G_j - G_{m-1}
+            idx = (m - 1).clamp(min=0).view(-1, 1, 1, 1).expand(ring.shape[0], ring.shape[1], 1, ring.shape[3])
+            base = torch.where((m > 0).view(-1, 1, 1, 1), ring.gather(2, idx), torch.zeros((), device=ring.device))
+            shifted = shifted - base
+        ring.copy_(shifted)
+    t[HIST].copy_(_shift(t[HIST], m, 2))
+    buffers.cursor.sub_(torch.where(buffers.cursor >= 0, m, 0).to(buffers.cursor.dtype))
+    t[COMMITTED].copy_((t[COMMITTED] - m.to(torch.int32)).clamp(min=0))
+
+
+# ----------------------------------------------------------------------------- rollback
+def rollback_layer(layer, n) -> None:
+    """Move the layer's rows back by ``n`` tokens (an int, or (Bt,) per-row counts >= 0) and restore
+    their conv states; mark the result committed. Raises RollbackError (changing nothing) when a
+    row would need a token no longer in its ring, or the layer is not in rollback mode."""
+    buffers = get_buffers(layer)
+    cursor = buffers.cursor
+    n = torch.as_tensor(n, device=cursor.device).to(torch.int32).expand(cursor.shape)
+    t = buffers.tensors
+    if HIST not in t:
+        if bool((n != 0).any()):
+            raise RollbackError(
+                f"expected a cache recording its past (rollback mode) to roll back {n.max().item()} token(s); found "
+                "one that is not: its conv inputs were not kept",
+                hint="call cache.activate_past_recording() before the prefill (assisted generation does)")
+        return
+    bad = (n < 0) | ((cursor >= 0) & (n > cursor))
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0])
+        raise RollbackError(
+            f"cannot roll back row {row} by {int(n[row])} token(s): expected at most the {int(cursor[row])} still in "
+            f"its ReplaySSM ring (ring of {ring_len(buffers)}); the others were folded into the checkpoint",
+            hint="patch with a larger buffer_len, or verify / draft fewer tokens between rollbacks")
+    rollback_cursor_reference(cursor, n)
+    conv_rollback_reference(t[HIST], compat.conv_state(layer), cursor)
+    t[COMMITTED].copy_(torch.where(cursor >= 0, cursor, 0))
+
+
+def _crop_count(tokens_to_remove: int) -> int:
+    if tokens_to_remove > 0:
+        raise RollbackError(f"expected crop(-n) (remove n tokens) on a ReplaySSM cache layer; found crop("
+                            f"{tokens_to_remove}), the legacy absolute length, which a recurrent layer cannot serve")
+    return -int(tokens_to_remove)
+
+
+def _is_croppable(self) -> bool:
+    """True in rollback mode (buffers here and the cache recording its past); else the class's answer."""
+    if get_buffers(self) is not None and compat.is_recording_past(self):
+        return True
+    return type(self)._replayssm_original_layer_class.is_croppable.__get__(self)
+
+
+def _crop(self, tokens_to_remove: int) -> None:
+    """``crop(-n)``: the SSM part rolled back by n tokens (``rollback_layer``), the attention part of a
+    hybrid layer cropped as its class does."""
+    original = type(self)._replayssm_original_layer_class
+    if get_buffers(self) is None:
+        if compat.is_uninitialized_linear_layer(self):
+            return None  # nothing to crop (transformers 5.17 crashes on such a layer)
+        return original.crop(self, tokens_to_remove)
+    rollback_layer(self, _crop_count(tokens_to_remove))
+    attention_crop = compat.attention_crop(original)
+    if attention_crop is not None:
+        attention_crop(self, tokens_to_remove)
+
+
+def rollback_layer_class(cls: type) -> type:
+    """The rollback subclass of cache-layer class ``cls`` (created once per class; single
+    inheritance, so that an instance's ``__class__`` can be swapped both ways)."""
+    if getattr(cls, "_replayssm_original_layer_class", None) is not None:
+        return cls
+    sub = _LAYER_CLASSES.get(cls)
+    if sub is None:
+        sub = type(f"Replay{cls.__name__}", (cls,), {
+            "__module__": __name__, "_replayssm_original_layer_class": cls,
+            "is_croppable": property(_is_croppable), "crop": _crop,
+            "__doc__": f"{cls.__name__} holding ReplaySSM buffers: croppable while recording its past."})
+        _LAYER_CLASSES[cls] = sub
+    return sub
+
+
+def enable_layer_rollback(layer, cache=None) -> None:
+    """Give the cache layer instance its rollback subclass (``cache_state.detach_buffers`` undoes it).
+    With ``cache``, also its linear-attention layers that no layer ever initialises (5.17 gives
+    MLP-only layers one): their subclass's crop is a no-op, as nothing is there to crop."""
+    layer.__class__ = rollback_layer_class(type(layer))
+    for other in getattr(cache, "layers", ()):
+        if compat.is_uninitialized_linear_layer(other):
+            other.__class__ = rollback_layer_class(type(other))
+
+
+# ----------------------------------------------------------------------------- the model
+def allow_assisted(model) -> None:
+    """Let ``generate`` run assisted / prompt-lookup decoding on this (fully rewritten) model instance."""
+    if getattr(type(model), "_is_stateful", False) and "_is_stateful" not in model.__dict__:
+        model._is_stateful = False
+        setattr(model, _STATEFUL_MARK, True)
+
+
+def restore_assisted(model) -> None:
+    """Undo ``allow_assisted``: the class's refusal applies again."""
+    if model.__dict__.pop(_STATEFUL_MARK, False):
+        model.__dict__.pop("_is_stateful", None)

@@ -1,0 +1,175 @@
+"""Speculative decoding through ``generate()`` on patched models (fp32, CPU, batch 1).
+
+Every rewritable tiny family: assisted decoding with a scripted drafter (random draft lengths and
+agreement, full rejection and full acceptance, rejected ring entries NaN-poisoned) gives exactly
+the non-speculative greedy tokens of the same patched model, over many flushes. Prompt lookup, a
+small draft model (plain and patched hybrid), sampling, and the refusals stay as transformers
+defines them for unpatched models.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+import replayssm
+from replayssm.errors import RollbackError, VerifyWindowError
+from replayssm.patches.compat import assisted_generation_gap
+
+from helpers import REWRITABLE_FAMILIES, generate, tiny
+from speculative_helpers import ScriptedDrafter, with_drafter, without_drafter
+
+NEW = 48
+
+
+def _prompt(seed=0, length=9, device="cpu"):
+    ids = torch.randint(3, 512, (1, length), generator=torch.Generator().manual_seed(seed)).to(device)
+    return ids, torch.ones_like(ids)
+
+
+def _scripted(model, ids, mask, ref, max_draft, seed=0, **kw):
+    drafter = ScriptedDrafter(model, ref.sequences, max_draft, seed=seed)
+    with_drafter(model, drafter)
+    try:
+        # prompt_lookup_num_tokens only selects the assisted mode; the drafter proposes the tokens
+        out = generate(model, ids, mask, max_new_tokens=NEW, min_new_tokens=NEW, prompt_lookup_num_tokens=max_draft,
+                       **kw)
+    finally:
+        without_drafter(model)
+    return out, drafter
+
+
+@pytest.mark.parametrize("family", REWRITABLE_FAMILIES)
+def test_assisted_greedy_equals_plain_greedy(family):
+    """Scripted drafts of 1..4 tokens with L=4 (a flush every round or two) and 1..8 with L=8."""
+    model = tiny(family)
+    if assisted_generation_gap(model):
+        pytest.skip(assisted_generation_gap(model))
+    ids, mask = _prompt()
+    try:
+        for L, max_draft in ((4, 3), (8, 7)):
+            replayssm.patch(model, buffer_len=L)
+            ref = generate(model, ids, mask, max_new_tokens=NEW, min_new_tokens=NEW)
+            out, drafter = _scripted(model, ids, mask, ref, max_draft, seed=L)
+            assert torch.equal(out.sequences, ref.sequences), f"L={L}: {drafter.log}"
+            assert any(a == 0 for _, a in drafter.log) and any(a == k > 1 for k, a in drafter.log)
+            assert max(k for k, _ in drafter.log) == max_draft
+    finally:
+        replayssm.unpatch(model)
+
+
+@pytest.mark.parametrize("family", ["nemotron_h", "qwen3_5", "kimi_linear"])
+def test_prompt_lookup_on_a_repeating_prompt(family):
+    model = tiny(family)
+    base = torch.randint(3, 512, (1, 6), generator=torch.Generator().manual_seed(3))
+    ids = base.repeat(1, 4)
+    mask = torch.ones_like(ids)
+    replayssm.patch(model, buffer_len=8)
+    try:
+        ref = generate(model, ids, mask, max_new_tokens=NEW, min_new_tokens=NEW)
+        out = generate(model, ids, mask, max_new_tokens=NEW, min_new_tokens=NEW, prompt_lookup_num_tokens=4)
+    finally:
+        replayssm.unpatch(model)
+    assert torch.equal(out.sequences, ref.sequences)
+
+
+def _tiny_llama():
+    config = transformers.LlamaConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, pad_token_id=0, bos_token_id=1,
+                                      eos_token_id=2)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("draft", ["llama", "patched_hybrid"])
+@pytest.mark.parametrize("family", ["nemotron_h", "qwen3_5", "kimi_linear"])
+def test_a_draft_model(family, draft):
+    """A small draft model sharing the vocabulary: a plain transformer, or a patched hybrid (whose
+    own cache then rolls back too: a 2-token forward and single steps per round, cropped after)."""
+    model = tiny(family)
+    ids, mask = _prompt(seed=4)
+    assistant = _tiny_llama() if draft == "llama" else tiny("qwen3_5" if family != "qwen3_5" else "nemotron_h")
+    assistant.generation_config.num_assistant_tokens = 5
+    assistant.generation_config.assistant_confidence_threshold = 0.0
+    replayssm.patch(model, buffer_len=8)
+    if draft == "patched_hybrid":
+        replayssm.patch(assistant, buffer_len=8)
+    try:
+        ref = generate(model, ids, mask, max_new_tokens=NEW, min_new_tokens=NEW)
+        out = generate(model, ids, mask, max_new_tokens=NEW, min_new_tokens=NEW, assistant_model=assistant)
+        if draft == "patched_hybrid":  # the draft itself decodes as it would alone
+            own = generate(assistant, ids, mask, max_new_tokens=12, min_new_tokens=12)
+            replayssm.unpatch(assistant)
+            stock = generate(assistant, ids, mask, max_new_tokens=12, min_new_tokens=12)
+            assert torch.equal(own.sequences, stock.sequences)
+    finally:
+        replayssm.unpatch(model)
+        replayssm.unpatch(assistant)
+    assert torch.equal(out.sequences, ref.sequences)
+
+
+@pytest.mark.parametrize("family", ["nemotron_h", "qwen3_5", "kimi_linear"])
+def test_sampling_with_a_draft_model_runs_and_is_reproducible(family):
+    """Speculative sampling (the draft's logits, transformers' acceptance rule): valid tokens, and
+    the same tokens for the same seed."""
+    model = tiny(family)
+    ids, mask = _prompt(seed=5)
+    assistant = _tiny_llama()
+    assistant.generation_config.num_assistant_tokens = 4
+    replayssm.patch(model, buffer_len=4)
+    try:
+        runs = []
+        for _ in range(2):
+            torch.manual_seed(7)
+            runs.append(generate(model, ids, mask, max_new_tokens=24, min_new_tokens=24, do_sample=True,
+                                 assistant_model=assistant).sequences)
+    finally:
+        replayssm.unpatch(model)
+    assert torch.equal(runs[0], runs[1])
+    assert runs[0].shape == (1, ids.shape[1] + 24) and int(runs[0].max()) < 512
+
+
+def test_unpatch_restores_the_refusal():
+    model = tiny("qwen3_5")
+    ids, mask = _prompt()
+    replayssm.patch(model, buffer_len=4)
+    assert model._is_stateful is False
+    replayssm.unpatch(model)
+    assert model._is_stateful is True and "_is_stateful" not in model.__dict__
+    with pytest.raises(ValueError, match="stateful"):
+        generate(model, ids, mask, max_new_tokens=4, prompt_lookup_num_tokens=2)
+
+
+def test_a_window_longer_than_the_ring_raises():
+    model = tiny("nemotron_h")
+    ids, mask = _prompt()
+    replayssm.patch(model, buffer_len=4)
+    try:
+        ref = generate(model, ids, mask, max_new_tokens=NEW, min_new_tokens=NEW)
+        with pytest.raises(VerifyWindowError, match=r"expected T <= buffer_len = 4, found T = [56]"):
+            _scripted(model, ids, mask, ref, max_draft=5)
+    finally:
+        replayssm.unpatch(model)
+
+
+def test_a_rollback_past_the_ring_raises():
+    """Three single-token forwards on a recording cache with L=2: the first was folded, so removing
+    all three cannot be served."""
+    model = tiny("qwen3_5")
+    replayssm.patch(model, buffer_len=2)
+    try:
+        cache = transformers.DynamicCache(config=model.config)
+        cache.activate_past_recording()
+        with torch.no_grad():
+            model(torch.randint(3, 512, (1, 5)), past_key_values=cache, use_cache=True)
+            assert cache.is_croppable
+            for t in range(3):
+                model(torch.randint(3, 512, (1, 1)), past_key_values=cache, use_cache=True)
+        with pytest.raises(RollbackError, match="expected at most the 2 still in its ReplaySSM ring"):
+            cache.crop(-3)
+        cache.crop(-2)
+        with pytest.raises(RollbackError, match="expected crop"):
+            cache.crop(3)
+    finally:
+        replayssm.unpatch(model)
