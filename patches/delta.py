@@ -26,23 +26,29 @@ from .base import ReplayMixin, apply_padding_mask
 from .cache_state import ReplayBuffers
 from .fused_norm import gated_norm
 from .kinds import GATED_DELTANET, KDA
+from .quant_state import kernel_args, needs_replay_path
 
 
 class _DeltaReplayMixin(ReplayMixin):
     """Shared decode for both delta-rule kinds; subclasses supply projections and output."""
 
+    state_scale_dim = -2  # one scale per (value head, value column) over the key dim
+
     def _replay_materialize(self, state, buffers: ReplayBuffers):
         t = buffers.tensors
-        return delta_replay_materialize(state, t["u_buf"], t["k_buf"], t["g_buf"], buffers.cursor)
+        return delta_replay_materialize(state, t["u_buf"], t["k_buf"], t["g_buf"], buffers.cursor,
+                                        *kernel_args(t, state))
 
     def _run_kernel(self, layer, buffers, q, k, v, g, beta):
         t = buffers.tensors
         q, k = l2norm_qk(q, k, q.shape[-1] ** -0.5, backend=self.replay_options.backend)
-        if self.replay_options.buffer_len == 1:  # every step writes the state: the fused per-step kernel
-            return delta_step_decode(q, k, v, g, beta, compat.recurrent_state(layer),
-                                     backend=self.replay_options.backend)
-        return delta_replay_decode(q, k, v, g, beta, compat.recurrent_state(layer), t["u_buf"], t["k_buf"],
-                                   t["g_buf"], buffers.cursor, backend=self.replay_options.backend)
+        state = compat.recurrent_state(layer)
+        if self.replay_options.buffer_len == 1 and not needs_replay_path(self.replay_options):
+            # every step writes the state: the fused per-step kernel
+            return delta_step_decode(q, k, v, g, beta, state, backend=self.replay_options.backend)
+        scale, rng = kernel_args(t, state)
+        return delta_replay_decode(q, k, v, g, beta, state, t["u_buf"], t["k_buf"], t["g_buf"], buffers.cursor,
+                                   state_scale=scale, state_rng=rng, backend=self.replay_options.backend)
 
 
 class ReplayGatedDeltaNetMixer(_DeltaReplayMixin):

@@ -6,7 +6,8 @@ own ``causal_conv1d_update``) -> split (x | B | C) -> ``mamba2_replay_decode`` (
 in the cache's recurrent state + ring of (x, dt, B)) -> gated RMSNorm (the module's own
 ``norm``; FalconH1 without it gates with z inside the kernel) -> out_proj. With
 ``buffer_len=1`` every step writes the state anyway, so the fused per-step kernel
-(``mamba2_step_decode``) runs instead: the per-step baseline inside the same decode.
+(``mamba2_step_decode``) runs instead: the per-step baseline inside the same decode (except
+for int8 / fp8 or stochastically rounded checkpoints, which only the replay kernel writes).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .base import ReplayMixin, apply_padding_mask
 from .cache_state import ReplayBuffers
 from .fused_norm import gated_norm
 from .kinds import MAMBA2
+from .quant_state import kernel_args, needs_replay_path
 
 
 class ReplayMamba2Mixer(ReplayMixin):
@@ -27,11 +29,13 @@ class ReplayMamba2Mixer(ReplayMixin):
 
     layer_kind = MAMBA2
     uses_arrival_counters = True
+    state_scale_dim = -1  # one scale per (head, head-dim lane) over N
 
     def _replay_materialize(self, state, buffers: ReplayBuffers):
         t = buffers.tensors
         A = -torch.exp(self.A_log.float())
-        return mamba2_replay_materialize(state, t["x_buf"], t["dt_buf"], t["B_buf"], buffers.cursor, A)
+        return mamba2_replay_materialize(state, t["x_buf"], t["dt_buf"], t["B_buf"], buffers.cursor, A,
+                                         *kernel_args(t, state))
 
     def _replay_step(self, hidden_states, layer, buffers: ReplayBuffers, attention_mask):
         batch = hidden_states.shape[0]
@@ -57,14 +61,18 @@ class ReplayMamba2Mixer(ReplayMixin):
         t = buffers.tensors
         args = (x.reshape(batch, self.num_heads, self.head_dim), dt.reshape(batch, self.num_heads),
                 Bm.reshape(batch, self.n_groups, self.ssm_state_size), Cm.reshape(batch, self.n_groups, self.ssm_state_size))
-        if self.replay_options.buffer_len == 1:  # every step writes the state: the fused per-step kernel
+        if self.replay_options.buffer_len == 1 and not needs_replay_path(self.replay_options):
+            # every step writes the state: the fused per-step kernel
             y = mamba2_step_decode(*args, compat.recurrent_state(layer), -torch.exp(self.A_log.float()),
                                    self.dt_bias, self.D, z, True, backend=self.replay_options.backend)
         else:
+            state = compat.recurrent_state(layer)
+            scale, rng = kernel_args(t, state)
             y = mamba2_replay_decode(
-                *args, compat.recurrent_state(layer), t["x_buf"], t["dt_buf"], t["B_buf"], buffers.cursor,
+                *args, state, t["x_buf"], t["dt_buf"], t["B_buf"], buffers.cursor,
                 -torch.exp(self.A_log.float()), self.dt_bias, self.D, z, True,
-                arrivals=buffers.extra.get("arrivals"), backend=self.replay_options.backend)
+                arrivals=buffers.extra.get("arrivals"), state_scale=scale, state_rng=rng,
+                backend=self.replay_options.backend)
         y = y.reshape(batch, 1, self.num_heads * self.head_dim)
         if not is_falcon_h1 or getattr(self, "mamba_rms_norm", True):
             y = gated_norm(self.norm, y, gate, self.replay_options.backend)
