@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 __all__ = [
-    "QMAX", "QuantStateError", "check_quant_args", "dequantize", "hash_uniform_bits", "init_state_rng",
+    "QMAX", "QuantStateError", "advance_flush_counters", "check_quant_args", "dequantize", "hash_uniform_bits", "init_state_rng",
     "is_scaled", "load_state", "quantize", "round_bits", "scale_shape", "store_state",
 ]
 
@@ -210,6 +210,12 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor | None, dim: int) -> torch.T
 def load_state(state: torch.Tensor, state_scale: torch.Tensor | None, dim: int) -> torch.Tensor:
     """The checkpoint as fp32 (B, ...)."""
     return dequantize(state, state_scale if is_scaled(state.dtype) else None, dim)
+
+
+def advance_flush_counters(state_rng: torch.Tensor, cursor: torch.Tensor, L: int) -> None:
+    """Advance the counter of every row that flushes this step (cursor ``L - 1``): what
+    ``store_state`` does for its rows, as one device op a Triton launch runs first."""
+    state_rng[:, 1].add_((cursor == L - 1).to(torch.int64))
 
 
 def store_state(state: torch.Tensor, state_scale: torch.Tensor | None, state_rng: torch.Tensor | None,

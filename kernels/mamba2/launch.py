@@ -10,7 +10,7 @@ import triton
 
 from ..backend import compiled_in, num_sms, triton_interpreter_on
 from ..persistent import FLUSH_ROWS
-from ..quant import check_quant_args, is_scaled
+from ..quant import advance_flush_counters, check_quant_args, is_scaled
 from ..quant_triton import state_format
 from .config import LaunchConfig, StepConfig, default_config, pow2, program_split, step_config
 from .programs import Flags, IoStrides, Layout, Tensors, replay_kernel, replay_kernel_dyn
@@ -92,11 +92,6 @@ def quant_config(cfg: LaunchConfig, N: int, scaled: bool, given: bool) -> Launch
     return dataclasses.replace(cfg, flush_block_n=pow2(N))
 
 
-def bump_flush_counters(state_rng: torch.Tensor, cursor: torch.Tensor, L: int) -> None:
-    """Advance the stochastic-rounding counter of every row that flushes this step (cursor ``L - 1``),
-    before the launch reads it (one device op; nothing on the host)."""
-    state_rng[:, 1].add_((cursor == L - 1).to(torch.int64))
-
 
 def launch_replay(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, dt_softplus, out,
                   zero_idle: bool, arrivals: torch.Tensor | None = None, config: LaunchConfig | None = None,
@@ -120,7 +115,7 @@ def launch_replay(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, 
                                    num_sms(x.device.type, x.device.index))
     cfg = quant_config(cfg, N, is_scaled(state.dtype), config is not None)
     if state_rng is not None:
-        bump_flush_counters(state_rng, cursor, L)
+        advance_flush_counters(state_rng, cursor, L)  # before the launch reads them
     HC, n_hc, n_pb = program_split(cfg, H, P, G)
     cnt = arrivals if arrivals is not None else _arrival_counter(x.device, Bt)
     t = Tensors(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias if dt_bias is not None else x,
