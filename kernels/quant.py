@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 __all__ = [
-    "QMAX", "QuantStateError", "advance_flush_counters", "check_quant_args", "dequantize", "hash_uniform_bits", "init_state_rng",
+    "QMAX", "QuantStateError", "advance_flush_counters", "check_quant_args", "check_step_state", "dequantize", "hash_uniform_bits", "init_state_rng",
     "is_scaled", "load_state", "quantize", "round_bits", "scale_shape", "store_state",
 ]
 
@@ -75,6 +75,14 @@ def check_quant_args(state: torch.Tensor, state_scale: torch.Tensor | None, stat
         if state_rng.dtype != torch.int64 or tuple(state_rng.shape) != (state.shape[0], 2):
             raise QuantStateError(f"state_rng must be int64 of shape ({state.shape[0]}, 2); found {state_rng.dtype} "
                                   f"{tuple(state_rng.shape)}")
+
+
+def check_step_state(state: torch.Tensor) -> None:
+    """The fused per-step kernels store plain states: raise QuantStateError for a scaled one (the
+    replay kernels, at any buffer length including 1, handle int8 / fp8 checkpoints)."""
+    if is_scaled(state.dtype):
+        raise QuantStateError(f"the per-step decode keeps no scales; found a {state.dtype} state (use the replay "
+                              "decode, which takes state_scale, at buffer_len 1 if every step must flush)")
 
 
 # ------------------------------------------------------------------------------------------- hash

@@ -218,3 +218,15 @@ def test_materialize_folds_through_the_scales(family):
     assert torch.all(qc == 0)
     deq = Q.dequantize(q, scale, dim)
     assert torch.all((deq - exact).abs() <= 0.5 * scale.unsqueeze(dim) * (1 + 1e-4) + 1e-7)
+
+
+def test_per_step_kernels_refuse_scaled_states():
+    from replayssm.kernels.delta import delta_step_decode
+    from replayssm.kernels.mamba2 import mamba2_step_decode
+
+    with pytest.raises(Q.QuantStateError, match="per-step"):
+        mamba2_step_decode(torch.zeros(1, 2, 4), torch.zeros(1, 2), torch.zeros(1, 1, 8), torch.zeros(1, 1, 8),
+                           torch.zeros(1, 2, 4, 8, dtype=torch.int8), -torch.ones(2), backend="torch")
+    with pytest.raises(Q.QuantStateError, match="per-step"):
+        delta_step_decode(torch.zeros(1, 1, 8), torch.zeros(1, 1, 8), torch.zeros(1, 1, 8), torch.zeros(1, 1),
+                          torch.zeros(1, 1), torch.zeros(1, 1, 8, 8, dtype=torch.float8_e4m3fn), backend="torch")

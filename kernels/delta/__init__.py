@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..backend import resolve_backend
+from ..quant import check_step_state
 from . import ops as _ops
 from .reference import (
     delta_replay_decode_reference,
@@ -73,6 +74,7 @@ def l2norm_qk(q, k, q_scale: float, eps: float = 1e-6, *, backend: str = "auto")
 
 def delta_step_decode(q, k, v, g, beta, state, *, backend: str = "auto") -> torch.Tensor:
     """The ordinary per-step recurrence (baseline); see ``delta_step_decode_reference``."""
+    check_step_state(state)
     if _compiling():
         return _ops.step_decode_via_op(q, k, v, g, beta, state, backend)
     if resolve_backend(backend, v.device) == "triton":

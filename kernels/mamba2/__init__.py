@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..backend import resolve_backend
+from ..quant import check_step_state
 from .reference import (
     mamba2_replay_decode_reference,
     mamba2_replay_materialize_reference,
@@ -45,6 +46,7 @@ def mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt
 def mamba2_step_decode(x, dt, B, C, state, A, dt_bias=None, D=None, z=None, dt_softplus=True, *,
                        backend: str = "auto") -> torch.Tensor:
     """The ordinary per-step recurrence (baseline); see ``mamba2_step_decode_reference``."""
+    check_step_state(state)
     if resolve_backend(backend, x.device) == "triton":
         from .ops import mamba2_step_decode_triton
 
