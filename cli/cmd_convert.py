@@ -13,11 +13,14 @@ from replayssm.config import (
     Backend,
     ModelDtype,
     StateDtype,
+    StateRounding,
     parse_backend,
     parse_buffer_len,
     parse_device,
     parse_model_dtype,
     parse_state_dtype,
+    parse_state_rounding,
+    parse_state_seed,
 )
 
 from .cmd_inspect import MODEL_HELP
@@ -34,7 +37,14 @@ def convert_command(
                                    help=f"Tokens buffered between state-checkpoint writes (1-{MAX_BUFFER_LEN})."),
     state_dtype: str = typer.Option(StateDtype.FP32.value, "--state-dtype", metavar=choices(StateDtype),
                                     callback=option_parser(parse_state_dtype),
-                                    help=f"dtype of the state checkpoint ({DTYPE_ALIASES_HELP})."),
+                                    help=f"dtype of the state checkpoint ({DTYPE_ALIASES_HELP}, e4m3); fp8 and "
+                                         "int8 keep an fp32 scale per head-dim vector."),
+    state_rounding: str = typer.Option(StateRounding.NEAREST.value, "--state-rounding",
+                                       metavar=choices(StateRounding), callback=option_parser(parse_state_rounding),
+                                       help="How a checkpoint below fp32 is rounded when written (stochastic: "
+                                            "unbiased, reproducible for --state-seed)."),
+    state_seed: int = typer.Option(0, "--state-seed", metavar="N", callback=option_parser(parse_state_seed),
+                                   help="Seed of stochastic rounding."),
     layers: Optional[List[str]] = typer.Option(None, "--layers", metavar="REGEX",
                                                help="Rewrite only the SSM layers whose name matches (full match, "
                                                     "qualified or from the decoder stack on, e.g. "
@@ -91,7 +101,8 @@ def convert_command(
     quiet_transformers()
     with RichProgress(enabled=not json_output) as progress:
         result = convert(
-            model, out_dir, buffer_len=buffer_len, state_dtype=state_dtype, layers=layers,
+            model, out_dir, buffer_len=buffer_len, state_dtype=state_dtype, state_rounding=state_rounding,
+            state_seed=state_seed, layers=layers,
             strict=not skip_unsupported, backend=backend, cuda_graphs=cuda_graphs, graph_max_len=graph_max_len,
             validate=validate, device=device,
             dtype=dtype, dry_run=dry_run, force=force, trust_remote_code=trust_remote_code,

@@ -29,6 +29,7 @@ from .cache_state import (ReplayBuffers, attach_buffers, cache_arrivals, detach_
                           live_layers)
 from .kinds import LayerKind
 from .options import LayerReplayOptions
+from .quant_state import decode_state, encode_state, init_quant_tensors, quant_specs
 
 OPTIONS_ATTR = "_replayssm_options"
 
@@ -41,11 +42,17 @@ class ReplayMixin:
     #: whether the family's kernel counts arrivals in the cache's shared counters
     #: (``buffers.extra["arrivals"]``, from ``cache_arrivals``)
     uses_arrival_counters: bool = False
+    #: the state dimension an int8 / fp8 checkpoint's scales run over (the family's kernels')
+    state_scale_dim: int = -1
 
     # ----------------------------------------------------------------- hooks
     def _replay_buffer_specs(self, batch: int, act_dtype: torch.dtype) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         kind = self.layer_kind
-        return kind.buffer_specs(kind.shapes(self), batch, self.replay_options.buffer_len, act_dtype)
+        opts = self.replay_options
+        shapes = kind.shapes(self)
+        specs = kind.buffer_specs(shapes, batch, opts.buffer_len, act_dtype)
+        specs.update(quant_specs(opts, kind.state_shape(shapes), batch, self.state_scale_dim, opts.state_dtype))
+        return specs
 
     def _replay_step(self, hidden_states, layer, buffers: ReplayBuffers, attention_mask, window=None):
         """Decode step (hidden_states (B, 1, hidden)), or with ``window`` (each row's start slot, from
@@ -124,7 +131,7 @@ class ReplayMixin:
     def _replay_key(self, act_dtype: torch.dtype, stock_dtype: torch.dtype) -> tuple:
         """What the buffers' layout and the checkpoint's dtype depend on."""
         opts = self.replay_options
-        return act_dtype, opts.buffer_len, opts.state_dtype or stock_dtype
+        return act_dtype, opts.buffer_len, opts.state_dtype or stock_dtype, opts.state_rounding, opts.state_seed
 
     def _replay_prepare(self, layer, hidden_states) -> ReplayBuffers:
         """The decode step's buffers; the checkpoint in its dtype. Nothing is allocated here once the
@@ -138,7 +145,7 @@ class ReplayMixin:
             state = compat.recurrent_state(layer)
         target = buffers.extra["key"][2]
         if state.dtype != target:  # first decode step after a prefill: every cursor is 0
-            compat.set_recurrent_state(layer, state.to(target))
+            compat.set_recurrent_state(layer, encode_state(state, buffers.tensors, target, self.state_scale_dim))
         return buffers
 
     def _replay_ready(self, cache, layer, hidden_states) -> None:
@@ -175,9 +182,16 @@ class ReplayMixin:
             stock_dtype=stock_dtype,
             extra={"key": key, "arrivals": None},  # fixed keys: a compiled step guards on them
         )
+        init_quant_tensors(buffers.tensors, self.replay_options, int(getattr(self, "layer_idx", 0) or 0))
+        if old is not None and exact is not None and state.dtype == key[2]:
+            # the checkpoint keeps its dtype: it keeps its scales (and rows their random streams)
+            for name in ("state_scale", "state_rng"):
+                if name in buffers.tensors and name in old.tensors \
+                        and old.tensors[name].shape == buffers.tensors[name].shape:
+                    buffers.tensors[name].copy_(old.tensors[name].to(state.device))
         attach_buffers(layer, buffers, owner=self)
         if convert and exact is not None and state.dtype != key[2]:
-            compat.set_recurrent_state(layer, exact.to(key[2]))
+            compat.set_recurrent_state(layer, encode_state(exact, buffers.tensors, key[2], self.state_scale_dim))
         return buffers
 
     def _replay_fold(self, layer) -> torch.Tensor | None:
@@ -228,7 +242,9 @@ class ReplayMixin:
         state = compat.recurrent_state(layer)
         if buffers is None or state is None or state.dtype == buffers.stock_dtype:
             return
-        compat.set_recurrent_state(layer, (exact if exact is not None else state).to(buffers.stock_dtype))
+        if exact is None:
+            exact = decode_state(state, buffers.tensors, self.state_scale_dim)
+        compat.set_recurrent_state(layer, exact.to(buffers.stock_dtype))
 
     def _replay_reconfigure(self, options: LayerReplayOptions) -> None:
         """New options for this mixer. Every live cache it prepared carries over exactly: pending

@@ -29,14 +29,18 @@ from .base import ReplayMixin, apply_padding_mask
 from .cache_state import ReplayBuffers
 from .fused_norm import gated_norm
 from .kinds import GATED_DELTANET, KDA
+from .quant_state import kernel_args, needs_replay_path
 
 
 class _DeltaReplayMixin(ReplayMixin):
     """Shared decode for both delta-rule kinds; subclasses supply projections and output."""
 
+    state_scale_dim = -2  # one scale per (value head, value column) over the key dim
+
     def _replay_materialize(self, state, buffers: ReplayBuffers):
         t = buffers.tensors
-        return delta_replay_materialize(state, t["u_buf"], t["k_buf"], t["g_buf"], buffers.cursor)
+        return delta_replay_materialize(state, t["u_buf"], t["k_buf"], t["g_buf"], buffers.cursor,
+                                        *kernel_args(t, state))
 
     def _run_kernel(self, layer, buffers, q, k, v, g, beta, window=None):
         """q, k (B, T, Hk, K); v (B, T, HV, V); g (B, T, HV[, K]); beta (B, T, HV) -> o (B, T, HV, V).
@@ -48,15 +52,17 @@ class _DeltaReplayMixin(ReplayMixin):
                            q.shape[-1] ** -0.5, backend=backend)
         qn, kn = qn.view(q.shape), kn.view(k.shape)
         state = compat.recurrent_state(layer)
-        if window is not None:
+        if window is not None:  # plain checkpoints only (speculative.py)
             return delta_replay_verify(qn, kn, v, g, beta, state, t["u_buf"], t["k_buf"], t["g_buf"], buffers.cursor,
                                        backend=backend)
         qn, kn, v, g, beta = (a[:, 0] for a in (qn, kn, v, g, beta))
-        if self.replay_options.buffer_len == 1:  # every step writes the state: the fused per-step kernel
+        if self.replay_options.buffer_len == 1 and not needs_replay_path(self.replay_options):
+            # every step writes the state: the fused per-step kernel
             o = delta_step_decode(qn, kn, v, g, beta, state, backend=backend)
         else:
+            scale, rng = kernel_args(t, state)
             o = delta_replay_decode(qn, kn, v, g, beta, state, t["u_buf"], t["k_buf"], t["g_buf"], buffers.cursor,
-                                    backend=backend)
+                                    state_scale=scale, state_rng=rng, backend=backend)
         return o[:, None]
 
     def _conv_tokens(self, layer, buffers, mixed, window):

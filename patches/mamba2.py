@@ -6,7 +6,8 @@ own ``causal_conv1d_update``) -> split (x | B | C) -> ``mamba2_replay_decode`` (
 in the cache's recurrent state + ring of (x, dt, B)) -> gated RMSNorm (the module's own
 ``norm``; FalconH1 without it gates with z inside the kernel) -> out_proj. With
 ``buffer_len=1`` every step writes the state anyway, so the fused per-step kernel
-(``mamba2_step_decode``) runs instead: the per-step baseline inside the same decode.
+(``mamba2_step_decode``) runs instead: the per-step baseline inside the same decode (except
+for int8 / fp8 or stochastically rounded checkpoints, which only the replay kernel writes).
 
 On a cache recording its past (speculative decoding) the same step takes T >= 1 tokens: the conv
 over the window with a roll-back-able history and ``mamba2_replay_verify`` (``speculative``).
@@ -24,6 +25,7 @@ from .base import ReplayMixin, apply_padding_mask
 from .cache_state import ReplayBuffers
 from .fused_norm import gated_norm
 from .kinds import MAMBA2
+from .quant_state import kernel_args, needs_replay_path
 
 
 class ReplayMamba2Mixer(ReplayMixin):
@@ -31,11 +33,13 @@ class ReplayMamba2Mixer(ReplayMixin):
 
     layer_kind = MAMBA2
     uses_arrival_counters = True
+    state_scale_dim = -1  # one scale per (head, head-dim lane) over N
 
     def _replay_materialize(self, state, buffers: ReplayBuffers):
         t = buffers.tensors
         A = -torch.exp(self.A_log.float())
-        return mamba2_replay_materialize(state, t["x_buf"], t["dt_buf"], t["B_buf"], buffers.cursor, A)
+        return mamba2_replay_materialize(state, t["x_buf"], t["dt_buf"], t["B_buf"], buffers.cursor, A,
+                                         *kernel_args(t, state))
 
     def _replay_step(self, hidden_states, layer, buffers: ReplayBuffers, attention_mask, window=None):
         batch, T = hidden_states.shape[:2]
@@ -67,19 +71,21 @@ class ReplayMamba2Mixer(ReplayMixin):
         args = (x.reshape(batch, T, H, P), dt.reshape(batch, T, H), Bm.reshape(batch, T, G, N),
                 Cm.reshape(batch, T, G, N))
         backend = self.replay_options.backend
-        if window is not None:  # speculative verify of T tokens
-            y = mamba2_replay_verify(*args, compat.recurrent_state(layer), t["x_buf"], t["dt_buf"], t["B_buf"],
+        state = compat.recurrent_state(layer)
+        if window is not None:  # speculative verify of T tokens (plain checkpoints only: speculative.py)
+            y = mamba2_replay_verify(*args, state, t["x_buf"], t["dt_buf"], t["B_buf"],
                                      buffers.cursor, A, self.dt_bias, self.D, z, True, backend=backend)
         else:
             args = tuple(a[:, 0] for a in args)
             z = z[:, 0] if z is not None else None
-            if self.replay_options.buffer_len == 1:  # every step writes the state: the fused per-step kernel
-                y = mamba2_step_decode(*args, compat.recurrent_state(layer), A, self.dt_bias, self.D, z, True,
-                                       backend=backend)
+            if self.replay_options.buffer_len == 1 and not needs_replay_path(self.replay_options):
+                # every step writes the state: the fused per-step kernel
+                y = mamba2_step_decode(*args, state, A, self.dt_bias, self.D, z, True, backend=backend)
             else:
+                scale, rng = kernel_args(t, state)
                 y = mamba2_replay_decode(
-                    *args, compat.recurrent_state(layer), t["x_buf"], t["dt_buf"], t["B_buf"], buffers.cursor, A,
-                    self.dt_bias, self.D, z, True, arrivals=buffers.extra.get("arrivals"), backend=backend)
+                    *args, state, t["x_buf"], t["dt_buf"], t["B_buf"], buffers.cursor, A, self.dt_bias, self.D, z,
+                    True, arrivals=buffers.extra.get("arrivals"), state_scale=scale, state_rng=rng, backend=backend)
         y = y.reshape(batch, T, H * P)
         if not is_falcon_h1 or getattr(self, "mamba_rms_norm", True):
             y = gated_norm(self.norm, y, gate, backend)

@@ -44,6 +44,8 @@ def patch(
     *,
     buffer_len: int | object = _UNSET,
     state_dtype=_UNSET,
+    state_rounding: str | object = _UNSET,
+    state_seed: int | object = _UNSET,
     layers: str | Iterable[str] | None | object = _UNSET,
     strict: bool | object = _UNSET,
     backend: str | object = _UNSET,
@@ -71,7 +73,8 @@ def patch(
     no longer has (it was edited behind the buffers' back) and so cannot carry over.
     """
     base = config or recorded_config(model) or ReplaySSMConfig()
-    overrides = {k: v for k, v in dict(buffer_len=buffer_len, state_dtype=state_dtype, layers=layers,
+    overrides = {k: v for k, v in dict(buffer_len=buffer_len, state_dtype=state_dtype, state_rounding=state_rounding,
+                                        state_seed=state_seed, layers=layers,
                                         strict=strict, backend=backend, cuda_graphs=cuda_graphs,
                                         graph_max_len=graph_max_len).items() if v is not _UNSET}
     if config is not None and overrides:
@@ -105,7 +108,8 @@ def patch(
             f"cannot rewrite {first.name} ({first.class_name}): {first.reason}{more}",
             hint="pass strict=False (CLI: --skip-unsupported) to skip such layers, or layers= (--layers) to pick others",
         )
-    options = LayerReplayOptions(buffer_len=cfg.buffer_len, state_dtype=cfg.torch_state_dtype, backend=cfg.backend)
+    options = LayerReplayOptions(buffer_len=cfg.buffer_len, state_dtype=cfg.torch_state_dtype, backend=cfg.backend,
+                                 state_rounding=cfg.state_rounding, state_seed=cfg.state_seed)
     for record in selected:  # new options for a layer with live caches: all of them can carry over, or nothing changes
         module = model.get_submodule(record.name)
         if record.can_rewrite and getattr(module, OPTIONS_ATTR, options) != options:

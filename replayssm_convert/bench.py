@@ -36,7 +36,7 @@ from .errors import ConfigError
 VARIANTS = ("stock", "eager", "graphs", "graphs-per-step")
 GRAPH_VARIANTS = ("graphs", "graphs-per-step")
 DTYPES = ("fp32", "bf16", "fp16")
-STATE_DTYPES = ("fp32", "bf16", "fp16")
+STATE_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
 DEFAULT_BATCH_SIZES = (1, 8, 64, 256)
 #: what ``--smoke`` changes (each unless given): a tiny CPU run of every code path
 SMOKE = dict(batch_sizes=(1, 2), new_tokens=20, prompt_len=8, dtype="fp32", buffer_len=4, repeats=2,

@@ -2,8 +2,8 @@
 
 Every entry point (``replayssm.patch``, ``replayssm.convert``, the CLI) accepts the same
 spellings because each option is parsed here, once: ``parse_backend``,
-``parse_state_dtype``, ``parse_model_dtype``, ``parse_buffer_len``, ``parse_strict``,
-``parse_layers``. The module does not import torch, so the CLI checks options before
+``parse_state_dtype``, ``parse_state_rounding``, ``parse_state_seed``, ``parse_model_dtype``,
+``parse_buffer_len``, ``parse_strict``, ``parse_layers``. The module does not import torch, so the CLI checks options before
 paying for it.
 """
 
@@ -35,21 +35,39 @@ class Backend(str, Enum):
 
 
 class StateDtype(str, Enum):
-    """dtype of the state checkpoint (and of activations, for size estimates)."""
+    """dtype of the state checkpoint (the 16/32-bit ones also of activations, for size estimates).
+
+    fp8 (e4m3) and int8 checkpoints are scaled: one fp32 scale per head-dim vector over the state
+    dimension is stored beside them (``replayssm.kernels.quant``)."""
 
     FP32 = "fp32"
     BF16 = "bf16"
     FP16 = "fp16"
+    FP8 = "fp8"
+    INT8 = "int8"
 
     @property
     def itemsize(self) -> int:
-        return 4 if self is StateDtype.FP32 else 2
+        return {"fp32": 4, "bf16": 2, "fp16": 2}.get(self.value, 1)
+
+    @property
+    def scaled(self) -> bool:
+        """Whether the checkpoint keeps fp32 scales beside it (the 8-bit dtypes)."""
+        return self in (StateDtype.FP8, StateDtype.INT8)
 
     @property
     def torch_dtype(self):
         import torch
 
-        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.value]
+        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+                "fp8": torch.float8_e4m3fn, "int8": torch.int8}[self.value]
+
+
+class StateRounding(str, Enum):
+    """How a checkpoint below fp32 is rounded when it is written (prefill end and every flush)."""
+
+    NEAREST = "nearest"
+    STOCHASTIC = "stochastic"
 
 
 class ModelDtype(str, Enum):
@@ -66,7 +84,14 @@ DTYPE_ALIASES = {
     "fp32": "fp32", "float32": "fp32", "float": "fp32", "torch.float32": "fp32",
     "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16",
     "fp16": "fp16", "float16": "fp16", "half": "fp16", "torch.float16": "fp16",
+    "fp8": "fp8", "e4m3": "fp8", "fp8_e4m3": "fp8", "float8_e4m3fn": "fp8", "torch.float8_e4m3fn": "fp8",
+    "int8": "int8", "torch.int8": "int8",
 }
+#: every spelling of a rounding mode (case-insensitive)
+ROUNDING_ALIASES = {"nearest": "nearest", "rtn": "nearest", "round": "nearest",
+                    "stochastic": "stochastic", "sr": "stochastic"}
+#: the largest state seed (seeds are mixed as 32-bit words)
+MAX_STATE_SEED = 2**32 - 1
 
 
 def _names(enum: type[Enum]) -> str:
@@ -94,14 +119,37 @@ def _dtype_key(value: Any) -> str | None:
 
 
 def parse_state_dtype(value: Any) -> str | None:
-    """None, a torch dtype or a name ("bf16", "bfloat16", "half", ...) -> "fp32" | "bf16" | "fp16" | None."""
+    """None, a torch dtype or a name ("bf16", "bfloat16", "half", "e4m3", ...) -> "fp32" | "bf16" |
+    "fp16" | "fp8" | "int8" | None."""
     if value is None:
         return None
     key = _dtype_key(value)
     if key is None:
         raise ConfigError(f"state_dtype must be one of {_names(StateDtype)} (also float32, bfloat16, float16, "
-                          f"half, a torch dtype, or None to keep the cache's fp32); got {_plain(value)!r}")
+                          f"half, e4m3, a torch dtype, or None to keep the cache's fp32); got {_plain(value)!r}")
     return key
+
+
+def parse_state_rounding(value: Any) -> str:
+    """"nearest" | "stochastic" (also rtn, sr; any case) -> its canonical name."""
+    value = _plain(value)
+    key = ROUNDING_ALIASES.get(value.strip().lower()) if isinstance(value, str) else None
+    if key is None:
+        raise ConfigError(f"state_rounding must be one of {_names(StateRounding)} (also rtn, sr); got {value!r}")
+    return key
+
+
+def parse_state_seed(value: Any) -> int:
+    """An integer in [0, 2**32 - 1] (not a bool): the seed of stochastic rounding."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        n = operator.index(value)
+    except TypeError:
+        raise ConfigError(f"state_seed must be an integer in [0, {MAX_STATE_SEED}]; got {value!r}") from None
+    if not 0 <= n <= MAX_STATE_SEED:
+        raise ConfigError(f"state_seed must be in [0, {MAX_STATE_SEED}]; got {n}")
+    return n
 
 
 def parse_model_dtype(value: Any) -> str:
@@ -109,7 +157,7 @@ def parse_model_dtype(value: Any) -> str:
     if value is None or (isinstance(_plain(value), str) and _plain(value).strip().lower() == "auto"):
         return "auto"
     key = _dtype_key(value)
-    if key is None:
+    if key not in {m.value for m in ModelDtype}:
         raise ConfigError(f"dtype must be one of {_names(ModelDtype)} (also float32, bfloat16, float16, half "
                           f"or a torch dtype); got {_plain(value)!r}")
     return key
@@ -210,7 +258,12 @@ class ReplaySSMConfig:
     """How to rewrite a model's SSM layers.
 
     buffer_len: tokens buffered between state-checkpoint writes (L); 1 writes every step.
-    state_dtype: state-checkpoint dtype, "fp32" | "bf16" | "fp16", or None for the cache's (fp32).
+    state_dtype: state-checkpoint dtype, "fp32" | "bf16" | "fp16" | "fp8" (e4m3) | "int8", or None for
+      the cache's (fp32). fp8 and int8 keep an fp32 scale per head-dim vector beside the checkpoint.
+    state_rounding: "nearest" | "stochastic": how a checkpoint below fp32 is rounded when written
+      (the prefill's final state and every flush). Stochastic rounding is unbiased; it is
+      reproducible for a given ``state_seed`` and different at every flush.
+    state_seed: the seed of stochastic rounding (mixed with the layer and the row).
     layers: names or regular expressions (full match) of the layers to rewrite; None = all.
       A name matches qualified ("model.layers.0.mixer") or from the decoder stack on ("layers.0.mixer").
     backend: "auto" | "triton" | "torch".
@@ -223,6 +276,8 @@ class ReplaySSMConfig:
 
     buffer_len: int = DEFAULT_BUFFER_LEN
     state_dtype: str | None = None
+    state_rounding: str = StateRounding.NEAREST.value
+    state_seed: int = 0
     layers: tuple[str, ...] | None = None
     backend: str = Backend.AUTO.value
     strict: bool = True
@@ -233,6 +288,11 @@ class ReplaySSMConfig:
     def __post_init__(self):
         object.__setattr__(self, "buffer_len", parse_buffer_len(self.buffer_len))
         object.__setattr__(self, "state_dtype", parse_state_dtype(self.state_dtype))
+        object.__setattr__(self, "state_rounding", parse_state_rounding(self.state_rounding))
+        object.__setattr__(self, "state_seed", parse_state_seed(self.state_seed))
+        if self.state_rounding == StateRounding.STOCHASTIC.value and self.state_dtype in (None, "fp32"):
+            raise ConfigError("state_rounding='stochastic' needs a state_dtype below fp32 (bf16, fp16, fp8, int8); "
+                              f"got state_dtype={self.state_dtype or 'fp32'!r}")
         object.__setattr__(self, "layers", parse_layers(self.layers))
         object.__setattr__(self, "backend", parse_backend(self.backend))
         object.__setattr__(self, "strict", parse_strict(self.strict))
@@ -276,6 +336,8 @@ class ReplaySSMConfig:
             "package_version": __version__,
             "buffer_len": self.buffer_len,
             "state_dtype": self.state_dtype or StateDtype.FP32.value,
+            "state_rounding": self.state_rounding,
+            "state_seed": self.state_seed,
             "backend": self.backend,
             "cuda_graphs": self.cuda_graphs,
             "graph_max_len": self.graph_max_len,
@@ -300,6 +362,8 @@ class ReplaySSMConfig:
         return cls(
             buffer_len=block.get("buffer_len", DEFAULT_BUFFER_LEN),
             state_dtype=block.get("state_dtype"),
+            state_rounding=block.get("state_rounding", StateRounding.NEAREST.value),
+            state_seed=block.get("state_seed", 0),
             layers=tuple(re.escape(n) for n in names) or None,
             backend=block.get("backend", Backend.AUTO.value),
             cuda_graphs=block.get("cuda_graphs", False),

@@ -172,6 +172,8 @@ def convert(
     *,
     buffer_len: int = DEFAULT_BUFFER_LEN,
     state_dtype: str | None = None,
+    state_rounding: str = "nearest",
+    state_seed: int = 0,
     layers: str | Iterable[str] | None = None,
     strict: bool = True,
     backend: str = "auto",
@@ -203,7 +205,8 @@ def convert(
     start = time.perf_counter()
     progress = progress or NULL_PROGRESS
     # options and paths first: these checks need neither torch nor transformers
-    rs_config = ReplaySSMConfig(buffer_len=buffer_len, state_dtype=state_dtype, layers=_layer_patterns(layers),
+    rs_config = ReplaySSMConfig(buffer_len=buffer_len, state_dtype=state_dtype, state_rounding=state_rounding,
+                                state_seed=state_seed, layers=_layer_patterns(layers),
                                 strict=strict, backend=backend, cuda_graphs=cuda_graphs,
                                 graph_max_len=graph_max_len)
     if validate:

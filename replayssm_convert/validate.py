@@ -43,6 +43,13 @@ from .formatting import count as _count
 from .progress import NULL_PROGRESS, Progress
 
 RELATIVE_TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-2, torch.bfloat16: 1.5e-1}
+#: fidelity bounds of an 8-bit or stochastically rounded checkpoint (teacher-forced, against the stock
+#: model's logits): its rounding legitimately moves every logit a little, so token equality is the wrong
+#: test; a wrong scale or a misread checkpoint moves them by whole standard deviations. Mean |diff| in units
+#: of the reference logits' std: 0.1 (the tiny test models measure 0.01-0.06 with fp8 at L=4); greedy-token
+#: agreement: 0.8 (random test models have many near ties among their top tokens)
+FIDELITY_MEAN_STD = 0.1
+FIDELITY_ARGMAX = 0.8
 
 
 @dataclass(frozen=True)
@@ -206,6 +213,24 @@ def _settle_against_fp32(result, model, input_ids, new_tokens, pad_id, ref_token
                f"the fp32 model (outside near ties) ReplaySSM differs at {n_pat}, the stock model at {n_stock}")
 
 
+def _rounds_checkpoint(rs_config) -> bool:
+    """Whether the checkpoint is 8-bit or stochastically rounded (validated by fidelity, not tokens)."""
+    return rs_config.state_dtype in ("fp8", "int8") or rs_config.state_rounding == "stochastic"
+
+
+def _fidelity_checks(result, ref_logits, pat_logits, flush_text: str, block) -> None:
+    """The teacher-forced fidelity criterion of an 8-bit or stochastic checkpoint: mean |diff| in
+    units of the reference logits' std, and greedy-token agreement (bounds: ``FIDELITY_*``)."""
+    std = float(ref_logits.std()) or 1.0
+    mean = float((pat_logits - ref_logits).abs().mean()) / std
+    agree = float((pat_logits.argmax(-1) == ref_logits.argmax(-1)).float().mean())
+    what = f"{block.get('state_dtype', 'fp32')} checkpoint, {block.get('state_rounding', 'nearest')} rounding"
+    result.add("fidelity", mean <= FIDELITY_MEAN_STD and agree >= FIDELITY_ARGMAX,
+               f"teacher-forced over {result.batch}x{ref_logits.shape[1]} steps ({flush_text}, {what}): mean "
+               f"|logit diff| {mean:.3f} std (bound {FIDELITY_MEAN_STD}), greedy tokens agree {agree:.3f} "
+               f"(bound {FIDELITY_ARGMAX}) with the stock {result.dtype} model")
+
+
 def _nonfinite_stock_error(model, dtype: str) -> CheckpointError:
     """The error for a stock model whose own logits are NaN/inf: name the non-finite weights, if any."""
     bad = []
@@ -359,7 +384,9 @@ def validate_checkpoint(
         result.tokens_equal = int(equal.sum())
         result.near_ties = int((~equal & near_tie).sum())
         flush_text = f"{_count(result.flushes, 'flush', 'flushes')} at L={rs_config.buffer_len}"
-        if dt != torch.float32 and (not logits_ok or bool(bad.any())):
+        if _rounds_checkpoint(rs_config):
+            _fidelity_checks(result, ref_logits, pat_logits, flush_text, block)
+        elif dt != torch.float32 and (not logits_ok or bool(bad.any())):
             _settle_against_fp32(result, model, input_ids, new_tokens, pad_id, ref_tokens, ref_logits, pat_logits,
                                  diff, tol, scale, flush_text)
         else:

@@ -14,7 +14,8 @@ def test_defaults():
 
 
 @pytest.mark.parametrize("value,expected", [("bf16", "bf16"), ("bfloat16", "bf16"), (torch.float16, "fp16"),
-                                            ("float32", "fp32"), (None, None)])
+                                            ("float32", "fp32"), (None, None), ("FP8", "fp8"), ("e4m3", "fp8"),
+                                            (torch.float8_e4m3fn, "fp8"), ("int8", "int8"), (torch.int8, "int8")])
 def test_state_dtype_aliases(value, expected):
     assert ReplaySSMConfig(state_dtype=value).state_dtype == expected
 
@@ -27,8 +28,15 @@ def test_state_dtype_aliases(value, expected):
         (dict(buffer_len=2.5), "buffer_len"),
         (dict(buffer_len=True), "buffer_len"),
         (dict(buffer_len=100000), "buffer_len"),
-        (dict(state_dtype="int8"), "state_dtype"),
+        (dict(state_dtype="int4"), "state_dtype"),
         (dict(state_dtype=torch.int32), "state_dtype"),
+        (dict(state_rounding="up"), "state_rounding"),
+        (dict(state_rounding=1), "state_rounding"),
+        (dict(state_seed=-1), "state_seed"),
+        (dict(state_seed=2**32), "state_seed"),
+        (dict(state_seed="7"), "state_seed"),
+        (dict(state_rounding="stochastic"), "state_rounding"),
+        (dict(state_rounding="stochastic", state_dtype="fp32"), "state_rounding"),
         (dict(backend="cuda"), "backend"),
         (dict(layers=[]), "layers"),
         (dict(layers=["model.layers.(0"]), "regular expression"),
@@ -94,21 +102,27 @@ def cli_options(monkeypatch, *args):
     ("--state-dtype", "state_dtype", ["bf16", "bfloat16", "BF16", "torch.bfloat16"], "bf16"),
     ("--state-dtype", "state_dtype", ["fp32", "float32", "float"], "fp32"),
     ("--state-dtype", "state_dtype", ["fp16", "float16", "half"], "fp16"),
+    ("--state-dtype", "state_dtype", ["fp8", "e4m3", "float8_e4m3fn"], "fp8"),
+    ("--state-dtype", "state_dtype", ["int8", "INT8"], "int8"),
+    ("--state-rounding", "state_rounding", ["stochastic", "SR", "Stochastic"], "stochastic"),
+    ("--state-rounding", "state_rounding", ["nearest", "rtn"], "nearest"),
 ])
 def test_python_and_cli_accept_the_same_spellings(monkeypatch, option, field, spellings, canonical):
+    extra = {"state_dtype": "bf16"} if field == "state_rounding" else {}  # stochastic needs a 16/8-bit state
     for spelling in spellings:
-        assert getattr(ReplaySSMConfig(**{field: spelling}), field) == canonical
+        assert getattr(ReplaySSMConfig(**{field: spelling}, **extra), field) == canonical
         assert cli_options(monkeypatch, option, spelling)[field] == canonical, spelling
 
 
 @pytest.mark.parametrize("option,field,value", [
     ("--backend", "backend", "cuda"), ("--backend", "backend", "tritonn"),
-    ("--state-dtype", "state_dtype", "int8"), ("--state-dtype", "state_dtype", "fp8"),
+    ("--state-dtype", "state_dtype", "int4"), ("--state-dtype", "state_dtype", "fp64"),
+    ("--state-rounding", "state_rounding", "up"), ("--state-seed", "state_seed", "-3"),
     ("--buffer-len", "buffer_len", "0"), ("--buffer-len", "buffer_len", "257"),
 ])
 def test_python_and_cli_refuse_the_same_values(monkeypatch, capsys, option, field, value):
     with pytest.raises(ConfigError, match=field):
-        ReplaySSMConfig(**{field: int(value) if field == "buffer_len" else value})
+        ReplaySSMConfig(**{field: int(value) if field in ("buffer_len", "state_seed") else value})
     assert cli_options(monkeypatch, option, value) == 2
     assert field in capsys.readouterr().err
 
@@ -121,7 +135,7 @@ def test_validation_dtype_and_device_spellings(monkeypatch):
         assert cli_options(monkeypatch, "--dtype", spelling)["dtype"] == "bf16"
     assert parse_model_dtype(torch.float16) == "fp16" and parse_model_dtype(None) == "auto"
     assert cli_options(monkeypatch, "--device", "CUDA:1")["device"] == "cuda:1" == parse_device("CUDA:1")
-    for bad in ("int4", "fp64"):
+    for bad in ("int4", "fp64", "int8", "fp8"):  # 8-bit: checkpoints only, not model weights
         with pytest.raises(ConfigError, match="dtype"):
             parse_model_dtype(bad)
         assert cli_options(monkeypatch, "--dtype", bad) == 2
@@ -195,3 +209,22 @@ def test_backend_vocabulary_matches_the_kernels():
     from replayssm.kernels.backend import BACKENDS
 
     assert tuple(b.value for b in Backend) == BACKENDS
+
+
+def test_quantized_state_block_round_trip():
+    cfg = ReplaySSMConfig(state_dtype="e4m3", state_rounding="sr", state_seed=9)
+    block = cfg.to_block([{"name": "layers.0.mixer", "kind": "mamba2"}])
+    assert (block["state_dtype"], block["state_rounding"], block["state_seed"]) == ("fp8", "stochastic", 9)
+    again = ReplaySSMConfig.from_block(block)
+    assert (again.state_dtype, again.state_rounding, again.state_seed) == ("fp8", "stochastic", 9)
+    assert again.torch_state_dtype == torch.float8_e4m3fn
+    old = {k: v for k, v in block.items() if k not in ("state_rounding", "state_seed")}
+    assert ReplaySSMConfig.from_block(old).state_rounding == "nearest"  # blocks written before the option
+
+
+def test_stochastic_rounding_of_an_fp32_checkpoint_is_one_clear_error(monkeypatch, capsys):
+    with pytest.raises(ConfigError) as info:
+        ReplaySSMConfig(state_rounding="stochastic")
+    message = str(info.value)
+    assert "\n" not in message and "below fp32" in message and "got state_dtype='fp32'" in message
+    assert ReplaySSMConfig(state_rounding="stochastic", state_dtype="bf16").state_rounding == "stochastic"

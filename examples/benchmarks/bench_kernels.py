@@ -14,7 +14,10 @@ For each (family, layer shape, batch, checkpoint dtype) it times, on the same da
   transformers' own decode path (eager, up to batch 256).
 
 Also the byte floor of replay and per-step updates over the copy bandwidth measured in the same
-run (``frac``). Writes ``kernels.json`` and ``kernels.md`` under ``--out`` (default ``out/bench``).
+run (``frac``), the memory per sequence of one layer (checkpoint + int8/fp8 scales + rings), and for
+the 8-bit checkpoints (``--dtypes ...,float8_e4m3fn,int8``) the replay time relative to the bf16
+checkpoint's (``vs_bf16``; the per-step kernels and ``--baseline-tree`` do not store scales, so those
+rows time replay only). Writes ``kernels.json`` and ``kernels.md`` under ``--out`` (default ``out/bench``).
 ``--smoke``: tiny shapes through the Triton interpreter on any machine (checks the script).
 Method and results: examples/benchmarks/README.md; tuning record: TUNING.md.
 
@@ -45,7 +48,10 @@ SHAPES = {  # mamba2: (H, P, N, G); delta: (Hk, HV, K, V, kda)
 }
 SMOKE_SHAPES = {"mamba2": {"smoke": (4, 16, 16, 2)},
                 "delta": {"smoke-gdn": (2, 4, 16, 16, False), "smoke-kda": (2, 2, 16, 16, True)}}
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float8_e4m3fn": torch.float8_e4m3fn,
+          "int8": torch.int8}
+#: checkpoint dtypes that keep fp32 scales (one per head-dim vector; only the replay kernels store them)
+SCALED = (torch.float8_e4m3fn, torch.int8)
 L2_BYTES = 60e6
 ACT = torch.bfloat16
 
@@ -86,15 +92,17 @@ class Mamba2Cell:
             cur = (torch.arange(Bt, dtype=torch.int32) % L if stagger else torch.zeros(Bt, dtype=torch.int32))
             self.copies.append((torch.randn(Bt, H, P, N, device=dev).to(sdt),
                                 torch.randn(Bt, H, L, P, device=dev).to(ACT), torch.rand(Bt, H, L, device=dev) * 0.1,
-                                (torch.randn(Bt, G, L, N, device=dev) / math.sqrt(N)).to(ACT), cur.to(dev)))
+                                (torch.randn(Bt, G, L, N, device=dev) / math.sqrt(N)).to(ACT), cur.to(dev),
+                                torch.full((Bt, H, P), 0.02, device=dev) if sdt in SCALED else None))
 
     def replay(self, mod):
         """Whole L-step cycles of ``mod.mamba2_replay_decode`` on every copy (cursors end where they began)."""
         def body():
             for _ in range(self.L):
-                for st, xb, db, bb, cur in self.copies:
+                for st, xb, db, bb, cur, sc in self.copies:
+                    kw = {"state_scale": sc} if sc is not None else {}
                     mod.mamba2_replay_decode(self.x, self.dt, self.B, self.C, st, xb, db, bb, cur, self.A,
-                                             self.dt_bias, self.D, None, True, self.out, backend="triton")
+                                             self.dt_bias, self.D, None, True, self.out, backend="triton", **kw)
         return body, self.L * self.R
 
     def step(self, mod, n=4):
@@ -131,8 +139,15 @@ class Mamba2Cell:
         s, a, L, Bt = self.sdt.itemsize, ACT.itemsize, self.L, self.Bt
         io = H * P * a + H * a + 2 * G * N * a + H * P * a
         entry = H * P * a + H * 4 + G * N * a
-        replay = sum((2 if c == L - 1 else 1) * H * P * N * s + c * entry + entry + io + 8 for c in range(L)) / L
+        ck = H * P * N * s + (H * P * 4 if self.sdt in SCALED else 0)  # checkpoint (+ scales)
+        replay = sum((2 if c == L - 1 else 1) * ck + c * entry + entry + io + 8 for c in range(L)) / L
         return Bt * replay, Bt * (2 * H * P * N * s + io)
+
+    def bytes_per_seq(self):
+        """One layer's cache bytes per sequence: checkpoint + scales + rings (+ cursor)."""
+        H, P, N, G = self.shape
+        ck = H * P * N * self.sdt.itemsize + (H * P * 4 if self.sdt in SCALED else 0)
+        return ck + self.L * (H * P * ACT.itemsize + H * 4 + G * N * ACT.itemsize) + 4
 
 
 # ----------------------------------------------------------------------------- delta rule
@@ -158,7 +173,8 @@ class DeltaCell:
             self.copies.append(((torch.randn(Bt, HV, K, V, device=dev) * 0.1).to(sdt),
                                 torch.randn(Bt, HV, L, V, device=dev).to(ACT),
                                 _l2n(torch.randn(Bt, Hk, L, K, device=dev)).to(ACT),
-                                gb.cumsum(2) if kda else gb, cur.to(dev)))
+                                gb.cumsum(2) if kda else gb, cur.to(dev),
+                                torch.full((Bt, HV, V), 0.002, device=dev) if sdt in SCALED else None))
 
     def inputs(self):
         return self.q, self.k, self.v, self.g, self.beta
@@ -166,8 +182,9 @@ class DeltaCell:
     def replay(self, mod):
         def body():
             for _ in range(self.L):
-                for bufs in self.copies:
-                    mod.delta_replay_decode(*self.inputs(), *bufs, self.out, backend="triton")
+                for *bufs, sc in self.copies:
+                    kw = {"state_scale": sc} if sc is not None else {}
+                    mod.delta_replay_decode(*self.inputs(), *bufs, self.out, backend="triton", **kw)
         return body, self.L * self.R
 
     def step(self, mod, n=8):
@@ -200,9 +217,16 @@ class DeltaCell:
         s, a, L, Bt = self.sdt.itemsize, ACT.itemsize, self.L, self.Bt
         io = Hk * 2 * K * a + HV * (V * a + (4 * K if kda else 4) + 4) + HV * V * a
         entry = HV * (V * a + (4 * K if kda else 4)) + Hk * K * a
-        replay = sum((2 if c == L - 1 else 1) * HV * K * V * s + c * entry + (0 if c == L - 1 else entry) + io + 8
+        ck = HV * K * V * s + (HV * V * 4 if self.sdt in SCALED else 0)  # checkpoint (+ scales)
+        replay = sum((2 if c == L - 1 else 1) * ck + c * entry + (0 if c == L - 1 else entry) + io + 8
                      for c in range(L)) / L
         return Bt * replay, Bt * (2 * HV * K * V * s + io)
+
+    def bytes_per_seq(self):
+        """One layer's cache bytes per sequence: checkpoint + scales + rings (+ cursor)."""
+        Hk, HV, K, V, kda = self.shape
+        ck = HV * K * V * self.sdt.itemsize + (HV * V * 4 if self.sdt in SCALED else 0)
+        return ck + self.L * (HV * V * ACT.itemsize + Hk * K * ACT.itemsize + HV * (4 * K if kda else 4)) + 4
 
 
 # ----------------------------------------------------------------------------- timing
@@ -250,10 +274,12 @@ def bench_cell(family, name, shape, Bt, sdt, args, mods, extra, dev):
     cell = (Mamba2Cell if family == "mamba2" else DeltaCell)(shape, Bt, sdt, args.L, dev, args.stagger,
                                                              R=1 if args.smoke else None)
     bodies = {"replay": (*cell.replay(mods["replay"][family]), False)}
-    if "baseline" in mods:
+    scaled = sdt in SCALED  # only the replay kernels read and write scaled checkpoints
+    if "baseline" in mods and not scaled:
         bodies["baseline"] = (*cell.replay(mods["baseline"][family]), False)
-    bodies["step"] = (*cell.step(mods["replay"][family]), False)
-    if args.others:
+    if not scaled:
+        bodies["step"] = (*cell.step(mods["replay"][family]), False)
+    if args.others and not scaled:
         bodies.update(cell.others(extra))
     times = {k: [] for k in bodies}
     for _ in range(args.reps):  # interleaved rounds, median kept
@@ -268,6 +294,8 @@ def bench_cell(family, name, shape, Bt, sdt, args, mods, extra, dev):
     ref = "baseline" if "baseline" in med else "replay"
     floor = {"replay": replay_b, "baseline": replay_b}
     return dict(family=family, shape=name, batch=Bt, checkpoint=str(sdt).replace("torch.", ""), copies=cell.R,
+                bytes_per_seq=cell.bytes_per_seq(),
+                achieved_TBps=round(replay_b / (med["replay"] * 1e-6) / 1e12, 3),
                 us={k: round(v, 3) for k, v in med.items()},
                 speed_vs_ref={k: round(med[ref] / v, 4) for k, v in med.items()},
                 frac_floor={k: float(f"{floor.get(k, step_b) / args.copy_bw * 1e6 / v:.4g}") for k, v in med.items()},
@@ -362,6 +390,19 @@ def parse(argv):
     return args
 
 
+def add_relative_columns(rows) -> None:
+    """``vs_bf16``: replay time over the bf16 checkpoint's, same family / shape / batch; ``mem_vs``:
+    bytes per sequence over the fp32 and bf16 checkpoints' (where those rows ran)."""
+    by = {(r["family"], r["shape"], r["batch"], r["checkpoint"]): r for r in rows}
+    for r in rows:
+        key = (r["family"], r["shape"], r["batch"])
+        bf = by.get(key + ("bfloat16",))
+        if bf is not None:
+            r["vs_bf16"] = round(r["us"]["replay"] / bf["us"]["replay"], 4)
+        r["mem_vs"] = {d: round(r["bytes_per_seq"] / by[key + (d,)]["bytes_per_seq"], 4)
+                       for d in ("float32", "bfloat16") if key + (d,) in by}
+
+
 def markdown(meta, rows):
     cols = list(dict.fromkeys(k for r in rows for k in r["us"]))
     cursors = "staggered, row b from b mod L" if meta["stagger"] else "all from 0"
@@ -371,12 +412,16 @@ def markdown(meta, rows):
            f"{meta['reps']} interleaved rounds; activations bf16. In brackets: speed relative to "
            f"`{meta['reference']}`; `frac`: byte floor / time at the copy bandwidth of this run "
            f"({meta['copy_bw_TBps']} TB/s). Command: `{meta['command']}`.", "",
-           "| family | shape | batch | checkpoint | " + " | ".join(f"`{c}`" for c in cols) + " | frac replay |",
-           "|---|---|---:|---|" + "---:|" * (len(cols) + 1)]
+           "| family | shape | batch | checkpoint | " + " | ".join(f"`{c}`" for c in cols)
+           + " | frac replay | TB/s replay | replay vs bf16 | KiB/seq (vs fp32, bf16) |",
+           "|---|---|---:|---|" + "---:|" * (len(cols) + 4)]
     for r in rows:
         cells = [f"{r['us'][c]:.2f} ({r['speed_vs_ref'][c]:.3f}x)" if c in r["us"] else "—" for c in cols]
+        mem = f"{r['bytes_per_seq'] / 1024:.0f}" + (" (" + ", ".join(f"{v:.2f}x" for v in r["mem_vs"].values()) + ")"
+                                                     if r["mem_vs"] else "")
+        vs = f"{r['vs_bf16']:.3f}x" if "vs_bf16" in r else "—"
         out.append(f"| {r['family']} | {r['shape']} | {r['batch']} | {r['checkpoint']} | " + " | ".join(cells)
-                   + f" | {r['frac_floor']['replay']:.2f} |")
+                   + f" | {r['frac_floor']['replay']:.2f} | {r['achieved_TBps']:.2f} | {vs} | {mem} |")
     return "\n".join(out) + "\n"
 
 
@@ -418,6 +463,7 @@ def main(argv=None) -> int:
                     print(json.dumps({k: v for k, v in r.items() if k != "rounds"}), flush=True)
                     if dev.type == "cuda":
                         torch.cuda.empty_cache()
+    add_relative_columns(rows)
     meta = dict(date=datetime.date.today().isoformat(),
                 gpu=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (smoke run)",
                 torch=torch.__version__, triton=triton.__version__, L=args.L, reps=args.reps, stagger=args.stagger,

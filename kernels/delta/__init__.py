@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..backend import resolve_backend
+from ..quant import check_step_state
 from . import ops as _ops
 from .reference import (
     delta_replay_decode_reference,
@@ -47,16 +48,20 @@ def _compiling() -> bool:
         return False
 
 
-def delta_replay_decode(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out=None, *,
-                        backend: str = "auto") -> torch.Tensor:
-    """One ReplaySSM decode step; see ``delta_replay_decode_reference`` for shapes."""
+def delta_replay_decode(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out=None, state_scale=None,
+                        state_rng=None, *, backend: str = "auto") -> torch.Tensor:
+    """One ReplaySSM decode step; see ``delta_replay_decode_reference`` for shapes (``state_scale``
+    / ``state_rng``: low-precision checkpoints, ``replayssm.kernels.quant``)."""
     if _compiling():
-        return _ops.replay_decode_via_op(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, backend)
+        return _ops.replay_decode_via_op(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, backend,
+                                         state_scale, state_rng)
     if resolve_backend(backend, v.device) == "triton":
         from .launch import delta_replay_decode_triton
 
-        return delta_replay_decode_triton(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out)
-    return delta_replay_decode_reference(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out)
+        return delta_replay_decode_triton(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out,
+                                          state_scale=state_scale, state_rng=state_rng)
+    return delta_replay_decode_reference(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, state_scale,
+                                         state_rng)
 
 
 def delta_replay_verify(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out=None, *,
@@ -82,6 +87,7 @@ def l2norm_qk(q, k, q_scale: float, eps: float = 1e-6, *, backend: str = "auto")
 
 def delta_step_decode(q, k, v, g, beta, state, *, backend: str = "auto") -> torch.Tensor:
     """The ordinary per-step recurrence (baseline); see ``delta_step_decode_reference``."""
+    check_step_state(state)
     if _compiling():
         return _ops.step_decode_via_op(q, k, v, g, beta, state, backend)
     if resolve_backend(backend, v.device) == "triton":
@@ -91,6 +97,6 @@ def delta_step_decode(q, k, v, g, beta, state, *, backend: str = "auto") -> torc
     return delta_step_decode_reference(q, k, v, g, beta, state)
 
 
-def delta_replay_materialize(state, u_buf, k_buf, g_buf, cursor) -> torch.Tensor:
+def delta_replay_materialize(state, u_buf, k_buf, g_buf, cursor, state_scale=None, state_rng=None) -> torch.Tensor:
     """Fold the ring into the checkpoint (rare: before a stock prefill or an export)."""
-    return delta_replay_materialize_reference(state, u_buf, k_buf, g_buf, cursor)
+    return delta_replay_materialize_reference(state, u_buf, k_buf, g_buf, cursor, state_scale, state_rng)

@@ -12,6 +12,8 @@ from ..cursor import advance_cursor_triton, cursor_word_counts_arrivals
 from ..persistent import flush_row_chunks
 from .config import LaunchConfig, default_config
 from .programs import IoStrides, Layout, Scratch, Tensors, coef_kernel, flush_kernel, gdn_coef_kernel, output_kernel
+from ..quant import advance_flush_counters, check_quant_args, is_scaled
+from ..quant_triton import state_format
 from .reference import check_shapes
 from .small_batch import small_batch_kernel
 from .step import step_kernel
@@ -19,20 +21,30 @@ from .step import step_kernel
 __all__ = ["delta_replay_decode_triton", "delta_step_decode_triton"]
 
 
-def _io_strides(q, k, v, g, beta, out, cursor_stride: int) -> IoStrides:
+def _io_strides(q, k, v, g, beta, out, cursor_stride: int, state_scale=None, state_rng=None) -> IoStrides:
     """Strides of the step's inputs and output; the key-channel stride of a Gated DeltaNet gate is 0."""
     return IoStrides(*q.stride(), *k.stride(), *v.stride(), g.stride(0), g.stride(1),
-                     g.stride(2) if g.dim() == 3 else 0, *beta.stride(), *out.stride(), cursor_stride)
+                     g.stride(2) if g.dim() == 3 else 0, *beta.stride(), *out.stride(), cursor_stride,
+                     *(state_scale.stride() if state_scale is not None else (0, 0, 0)),
+                     state_rng.stride(0) if state_rng is not None else 0)
 
 
 def delta_replay_decode_triton(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out=None, *,
-                               write_idle: bool | None = None, config: LaunchConfig | None = None) -> torch.Tensor:
+                               write_idle: bool | None = None, config: LaunchConfig | None = None,
+                               state_scale: torch.Tensor | None = None,
+                               state_rng: torch.Tensor | None = None) -> torch.Tensor:
     """Triton version of ``delta_replay_decode_reference`` (same arguments and result).
 
     ``write_idle``: store zeros for idle rows (default: ``out is None``). ``config``: the launch
-    knobs (default: ``default_config``).
+    knobs (default: ``default_config``). ``state_scale`` / ``state_rng``: an int8 / fp8
+    checkpoint's column scales (Bt, HV, V) and stochastic rounding's per-row [seed, counter]
+    (``replayssm.kernels.quant``); a scaled checkpoint needs K <= 256 (one key tile holds the
+    vectors its scales run over).
     """
     Bt, HV, Hk, L, K, V = check_shapes(q, k, v, g, beta, state, u_buf, k_buf, g_buf)
+    check_quant_args(state, state_scale, state_rng, -2)
+    if is_scaled(state.dtype) and triton.next_power_of_2(K) > 256:
+        raise ValueError(f"int8 / fp8 checkpoints need the key dim in one tile (K <= 256); found K={K}")
     if cursor.dtype != torch.int32 or tuple(cursor.shape) != (Bt,):
         raise ValueError("cursor must be a (Bt,) int32 tensor")
     kda = g.dim() == 3
@@ -43,18 +55,22 @@ def delta_replay_decode_triton(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cur
     if Bt == 0:
         return out
     cfg = config or default_config(Bt, K, V, state.dtype, kda)
-    t = Tensors(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out)
-    io = _io_strides(q, k, v, g, beta, out, cursor.stride(0))
+    if state_rng is not None:
+        advance_flush_counters(state_rng, cursor, L)  # before the launches read them
+    t = Tensors(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out,
+                state_scale if state_scale is not None else v, state_rng if state_rng is not None else cursor)
+    io = _io_strides(q, k, v, g, beta, out, cursor.stride(0), state_scale, state_rng)
+    qf = dict(FMT=state_format(state.dtype), SR=state_rng is not None)
     gb = (*g_buf.stride()[:3], g_buf.stride(3) if kda else 0)
     lay = Layout(HV, HV // Hk, K, V, L, *state.stride(), *u_buf.stride(), *k_buf.stride(), *gb)
     if cfg.one_launch:
-        _launch_one(t, io, lay, Bt, cfg, kda, bool(write_idle))
+        _launch_one(t, io, lay, Bt, cfg, kda, bool(write_idle), qf)
     else:
-        _launch_three(t, io, lay, Bt, cfg, kda, bool(write_idle))
+        _launch_three(t, io, lay, Bt, cfg, kda, bool(write_idle), qf)
     return out
 
 
-def _launch_one(t, io, lay, Bt, cfg, kda, write_idle):
+def _launch_one(t, io, lay, Bt, cfg, kda, write_idle, qf):
     """The one-launch kernel; the cursors move on inside it (a second launch for buffers over 127)."""
     BK = max(16, triton.next_power_of_2(lay.K))
     if BK > 256:
@@ -64,12 +80,12 @@ def _launch_one(t, io, lay, Bt, cfg, kda, write_idle):
     arrive = (1 if cfg.arrive_first else 2) if cursor_word_counts_arrivals(t.cursor, lay.L) else 0
     small_batch_kernel[(Bt * lay.HV * NV,)](t, io, lay, NV, KDA=kda, BK=BK, BV=BV,
                                             LP=max(16, triton.next_power_of_2(lay.L)), WRITE_IDLE=write_idle,
-                                            ARRIVE=arrive, num_warps=cfg.num_warps)
+                                            ARRIVE=arrive, num_warps=cfg.num_warps, **qf)
     if arrive == 0:
         advance_cursor_triton(t.cursor, lay.L)
 
 
-def _launch_three(t, io, lay, Bt, cfg, kda, write_idle):
+def _launch_three(t, io, lay, Bt, cfg, kda, write_idle, qf):
     """Coefficient, output and persistent flush launches (module notes of ``programs.py``)."""
     HV, Hk, K, V, L = lay.HV, lay.HV // lay.GROUP, lay.K, lay.V, lay.L
     kp = triton.next_power_of_2(K)
@@ -82,7 +98,7 @@ def _launch_three(t, io, lay, Bt, cfg, kda, write_idle):
     per_key = not kda and cfg.coef_per_key_head
     write_x = per_key and cfg.coef_write_x
     x_from_keys = per_key and not write_x  # then no launch touches the x scratch
-    fused_flush = cfg.flush_output and kp <= 256
+    fused_flush = (cfg.flush_output or qf["FMT"] >= 3) and kp <= 256  # scaled: the flush spans the key dim
     BKF = kp if fused_flush else BK
     # one 4-byte scratch allocation per call, viewed as: x (Bt, HV, 2, K) [exp(G_c) k_c, exp(G_c) q] (absent
     # when the output launch scales k_c and q itself), cw (Bt, HV, 3, LP) [ck, cq, (k_c . q, exp(G_c))],
@@ -111,6 +127,7 @@ def _launch_three(t, io, lay, Bt, cfg, kda, write_idle):
     output_kernel[(Bt * HV * NV,)](t, sc, io, clay, NV, KDA=kda, BK=BK, NK=triton.cdiv(K, BK), BV=BV,
                                    LP=LP, WRITE_IDLE=write_idle, X_FROM_KEYS=x_from_keys, PDL=pdl,
                                    SKIP_FLUSH_ROWS=fused_flush, LAUNCH_DEPENDENTS=flush_pdl, num_warps=cfg.num_warps,
+                                   FMT=qf["FMT"],
                                    **({"launch_pdl": True} if pdl else {}))
     interp = triton_interpreter_on()
     exact_ring = t.u_buf if kda else t.k_buf  # the product operand that is not decay-weighted
@@ -120,7 +137,7 @@ def _launch_three(t, io, lay, Bt, cfg, kda, write_idle):
         flush_kernel[(max(1, min(n_prog, n_rows * HV * (1 if cfg.flush_head_items else NVF))),)](
             t, sc, io, lay, row0, n_rows, NVF, KDA=kda, BK=BKF, NK=triton.cdiv(K, BKF), BV=BVF, LP=LP, BB=BB,
             DOT_PREC="ieee" if interp else "tf32x3", BF16_SPLIT=bf16_split, HEAD_ITEMS=cfg.flush_head_items,
-            OUTPUT=fused_flush, PREFETCH=cfg.flush_prefetch, PDL=flush_pdl,
+            OUTPUT=fused_flush, PREFETCH=cfg.flush_prefetch, PDL=flush_pdl, **qf,
             num_warps=cfg.flush_warps, num_stages=cfg.flush_stages, **({"launch_pdl": True} if flush_pdl else {}))
 
 
@@ -142,7 +159,7 @@ def delta_step_decode_triton(q, k, v, g, beta, state, *, block_v: int | None = N
     BV = max(16, min(BV, triton.next_power_of_2(V)))
     NV = triton.cdiv(V, BV)
     # the state in the place of the rings and the cursor, which this kernel does not read
-    t = Tensors(q, k, v, g, beta, state, state, state, state, state, out)
+    t = Tensors(q, k, v, g, beta, state, state, state, state, state, out, state, state)
     io = _io_strides(q, k, v, g, beta, out, 0)
     lay = Layout(HV, HV // Hk, K, V, 1, *state.stride(), *(0,) * 12)
     step_kernel[(Bt * HV * NV,)](t, io, lay, NV, KDA=g.dim() == 3, BK=BK, BV=BV,

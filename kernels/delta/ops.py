@@ -15,6 +15,8 @@ otherwise (eager calls skip the op dispatch).
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch.library import custom_op
 
@@ -24,7 +26,8 @@ from .reference import delta_replay_decode_reference, delta_step_decode_referenc
 __all__ = ["replay_decode_via_op", "step_decode_via_op"]
 
 
-@custom_op("replayssm::delta_replay_decode", mutates_args=("state", "u_buf", "k_buf", "g_buf", "cursor", "out"))
+@custom_op("replayssm::delta_replay_decode",
+           mutates_args=("state", "u_buf", "k_buf", "g_buf", "cursor", "out", "state_scale", "state_rng"))
 def _delta_replay_decode_op(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -39,19 +42,25 @@ def _delta_replay_decode_op(
     out: torch.Tensor,
     write_idle: bool,
     backend: str,
+    state_scale: Optional[torch.Tensor],
+    state_rng: Optional[torch.Tensor],
 ) -> None:
     if resolve_backend(backend, v.device) == "triton":
         from .launch import delta_replay_decode_triton
 
-        delta_replay_decode_triton(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, write_idle=write_idle)
+        delta_replay_decode_triton(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, write_idle=write_idle,
+                                   state_scale=state_scale, state_rng=state_rng)
     elif write_idle:
-        out.copy_(delta_replay_decode_reference(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, None))
+        out.copy_(delta_replay_decode_reference(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, None,
+                                                state_scale, state_rng))
     else:
-        delta_replay_decode_reference(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out)
+        delta_replay_decode_reference(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, state_scale,
+                                      state_rng)
 
 
 @_delta_replay_decode_op.register_fake
-def _(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, write_idle, backend) -> None:
+def _(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, write_idle, backend, state_scale,
+      state_rng) -> None:
     return None
 
 
@@ -77,13 +86,14 @@ def _(q, k, v, g, beta, state, backend):
     return torch.empty(v.shape, dtype=v.dtype, device=v.device)
 
 
-def replay_decode_via_op(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, backend):
+def replay_decode_via_op(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, backend, state_scale=None,
+                         state_rng=None):
     """``delta_replay_decode`` through the custom op (what ``torch.compile`` traces)."""
     write_idle = out is None
     if out is None:
         out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     torch.ops.replayssm.delta_replay_decode(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, write_idle,
-                                            backend)
+                                            backend, state_scale, state_rng)
     return out
 
 

@@ -20,6 +20,7 @@ import triton.language as tl
 
 from ..cursor import advanced_cursor
 from ..persistent import flush_row_prefix, nth_flush_row
+from ..quant_triton import quantize_tile, row_key, uniform_bits
 from .gates import append_gate_sum, previous_gate_sum
 
 try:  # grid dependency control (programmatic dependent launch), Triton >= 3.3
@@ -29,15 +30,46 @@ except Exception:  # pragma: no cover - older Triton: dependent_launch_supported
 
 #: a step's tensors; ``Scratch``: the fp32 scratch of the coefficient launch (x, cw), the flush
 #: rows' u_c (uf) and the advanced cursors (cn, int32)
-Tensors = namedtuple("Tensors", "q k v g beta state u_buf k_buf g_buf cursor out")
+Tensors = namedtuple("Tensors", "q k v g beta state u_buf k_buf g_buf cursor out scale rng")
 Scratch = namedtuple("Scratch", "x cw uf cn")
 #: strides of the per-step inputs, the output and the cursor: always runtime arguments
 IoStrides = namedtuple("IoStrides", "q_b q_h q_k k_b k_h k_k v_b v_h v_v g_b g_h g_k beta_b beta_h out_b out_h out_v "
-                                    "cur")
+                                    "cur sc_b sc_h sc_v rng_b")
 #: sizes and the strides of the checkpoint and the rings: compile-time constants in the
 #: coefficient and output launches, runtime arguments elsewhere
 Layout = namedtuple("Layout", "HV GROUP K V L s_b s_h s_k s_v u_b u_h u_l u_v kb_b kb_h kb_l kb_k gb_b gb_h gb_l "
                               "gb_k")
+
+
+@triton.jit
+def column_scale(b, h, offs_v, mv, t, io, FMT: tl.constexpr):
+    """fp32 scales (BV,) of value columns ``offs_v`` of (row b, value head h)'s checkpoint: one per
+    column over the key dim (1 for unscaled checkpoints, FMT < 3)."""
+    if FMT >= 3:
+        return tl.load(t.scale + b * io.sc_b + h * io.sc_h + offs_v * io.sc_v, mask=mv, other=0.0)
+    else:
+        return tl.full(offs_v.shape, 1.0, tl.float32)
+
+
+@triton.jit
+def store_state_tile(ptrs, s_new, mk, mv, b, h, offs_k, offs_v, t, io, lay, FMT: tl.constexpr, SR: tl.constexpr):
+    """Store a checkpoint tile (BK, BV) that spans the key dim: a plain cast, or (FMT >= 3 / SR)
+    through ``quant_triton.quantize_tile`` over the key dim (the column scales stored too), with
+    the random bits of element ``(h K + k) V + v`` under the row's key (``state_rng`` [seed,
+    counter], the counter advanced before the launch)."""
+    m2 = mk[:, None] & mv[None, :]
+    if (FMT >= 3) | SR:
+        if SR:
+            key = row_key(tl.load(t.rng + b * io.rng_b), tl.load(t.rng + b * io.rng_b + 1))
+            u = uniform_bits(key, (h * lay.K + offs_k[:, None]) * lay.V + offs_v[None, :])
+        else:
+            u = 0
+        q, d = quantize_tile(tl.where(m2, s_new, 0.0), u, 0, FMT, SR)
+        tl.store(ptrs, q.to(t.state.dtype.element_ty), mask=m2)
+        if FMT >= 3:
+            tl.store(t.scale + b * io.sc_b + h * io.sc_h + offs_v * io.sc_v, d, mask=mv)
+    else:
+        tl.store(ptrs, s_new.to(t.state.dtype.element_ty), mask=m2)
 
 
 @triton.jit
@@ -266,7 +298,7 @@ def head_block(NV, lay):
 @triton.jit
 def output_kernel(t, sc, io, lay, NV: tl.constexpr, KDA: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr,
                   LP: tl.constexpr, WRITE_IDLE: tl.constexpr, X_FROM_KEYS: tl.constexpr, PDL: tl.constexpr,
-                  SKIP_FLUSH_ROWS: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr):
+                  SKIP_FLUSH_ROWS: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr, FMT: tl.constexpr = 0):
     """Output, one program per (row, value head, block of BV value columns): ``r = S0^T xk + sum_j
     ck_j u_j``, ``hq = S0^T xq + sum_j cq_j u_j``, ``o``, and the appends. The checkpoint tile and
     the inputs are loaded before the cursor is known (an idle row's are discarded); the u ring
@@ -337,6 +369,10 @@ def output_kernel(t, sc, io, lay, NV: tl.constexpr, KDA: tl.constexpr, BK: tl.co
             xq = tl.load(x_base + lay.K + offs_k, mask=mk, other=0.0)
         r += tl.sum(s0 * xk[:, None], axis=0)
         hq += tl.sum(s0 * xq[:, None], axis=0)
+    if FMT >= 3:  # int8 / fp8: the column scales multiply the reduced checkpoint reads
+        sc = column_scale(b, h, offs_v, mv, t, io, FMT)
+        r = r * sc
+        hq = hq * sc
     r += tl.sum(ck[:, None] * ub, axis=0)
     hq += tl.sum(cq[:, None] * ub, axis=0)
     u = beta * (vv - r)
@@ -399,7 +435,7 @@ def _flush_item(w, per_row, csum, row0, NV, HEAD_ITEMS: tl.constexpr):
 def flush_kernel(t, sc, io, lay, row0, n_rows, NV, KDA: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr,
                  BV: tl.constexpr, LP: tl.constexpr, BB: tl.constexpr, DOT_PREC: tl.constexpr,
                  BF16_SPLIT: tl.constexpr, HEAD_ITEMS: tl.constexpr, OUTPUT: tl.constexpr, PREFETCH: tl.constexpr,
-                 PDL: tl.constexpr):
+                 PDL: tl.constexpr, FMT: tl.constexpr = 0, SR: tl.constexpr = False):
     """Persistent: the programs share the work items of the flush rows of ``row0 .. row0 + n_rows - 1``:
     (row, value head, column block), or with HEAD_ITEMS (row, value head) walking its column blocks.
     Each rebuilds ``A`` (a matrix product of the decay-weighted ring) and stores ``A + k_c u_c^T``.
@@ -465,6 +501,8 @@ def flush_kernel(t, sc, io, lay, row0, n_rows, NV, KDA: tl.constexpr, BK: tl.con
                     s0 = s_cur.to(tl.float32)
                 else:
                     s0 = _state_tile(s_base, offs_k, mk, offs_v, v_end, lay).to(tl.float32)
+                if FMT >= 3:
+                    s0 = s0 * column_scale(b, h, offs_v, mv, t, io, FMT)[None, :]
                 if KDA:
                     acc = s0 * dk[:, None]
                     if BF16_SPLIT:
@@ -489,5 +527,5 @@ def flush_kernel(t, sc, io, lay, row0, n_rows, NV, KDA: tl.constexpr, BK: tl.con
                     tl.store(t.out + b * io.out_b + h * io.out_h + offs_v * io.out_v, o.to(t.out.dtype.element_ty),
                              mask=mv)
                 acc += kc[:, None] * uc[None, :]
-                tl.store(s_base + offs_k[:, None] * lay.s_k + offs_v[None, :] * lay.s_v,
-                         acc.to(t.state.dtype.element_ty), mask=m2)
+                store_state_tile(s_base + offs_k[:, None] * lay.s_k + offs_v[None, :] * lay.s_v, acc, mk, mv, b, h,
+                                 offs_k, offs_v, t, io, lay, FMT, SR)

@@ -37,6 +37,11 @@ those. So with fp32 buffers every step equals the exact fp32 recurrence up to su
 order; with bf16/fp16 buffers each buffered ``u_j`` carries one rounding, which the next
 flush folds into the checkpoint.
 
+Low-precision checkpoints (``replayssm.kernels.quant``): int8 / fp8 ones come with
+``state_scale`` (Bt, HV, V) fp32, one scale per value column over the key dim K (every read is
+a reduction over K); ``state_rng`` (Bt, 2) int64 [seed, flush counter] makes the flush's
+rounding stochastic (any dtype below fp32).
+
 Everything is computed for every row and selected with ``torch.where`` (no host-side
 decision from tensor values), so the reference can be captured in a CUDA graph.
 """
@@ -44,6 +49,11 @@ decision from tensor values), so the reference can be captured in a CUDA graph.
 from __future__ import annotations
 
 import torch
+
+from ..quant import check_quant_args, load_state, store_state
+
+#: the state dimension the int8 / fp8 scales run over (S0 is (Bt, HV, K, V))
+SCALE_DIM = -2
 
 __all__ = [
     "kda_gate_total",
@@ -140,6 +150,14 @@ def _decayed_history(state, u_buf, k_buf, g_buf, n, g_tail):
     return s + torch.einsum("bhlk,bhlv->bhkv", kw, ub), gtot
 
 
+def _write_checkpoint(state, state_scale, state_rng, s, rows) -> None:
+    """The new checkpoint ``s`` (fp32) on ``rows`` (Bt,) bool, rounded once to the state dtype."""
+    if state_scale is None and state_rng is None:
+        state.copy_(torch.where(rows.view(-1, 1, 1, 1), s.to(state.dtype), state))
+    else:
+        store_state(state, state_scale, state_rng, s, rows, SCALE_DIM)
+
+
 def delta_replay_decode_reference(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -152,6 +170,8 @@ def delta_replay_decode_reference(
     g_buf: torch.Tensor,
     cursor: torch.Tensor,
     out: torch.Tensor | None = None,
+    state_scale: torch.Tensor | None = None,
+    state_rng: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One ReplaySSM decode step of a delta-rule layer for a batch of rows.
 
@@ -168,18 +188,22 @@ def delta_replay_decode_reference(
         cursor: (Bt,) int32 number of buffered entries c in [0, L-1]; c < 0 marks an idle
             row. Advanced in place to (c + 1) % L on active rows; rows with c == L-1 flush.
         out: optional (Bt, HV, V) output; idle rows keep its contents.
+        state_scale: (Bt, HV, V) fp32 scales of an int8 / fp8 checkpoint (written on flush rows).
+        state_rng: (Bt, 2) int64 [seed, counter]: stochastic rounding on flush rows (their
+            counters advance by one).
 
     Returns:
         o (Bt, HV, V) in ``v.dtype`` (``out`` if given; idle rows are zero when ``out`` is
         None).
     """
     Bt, HV, Hk, L, K, V = check_shapes(q, k, v, g, beta, state, u_buf, k_buf, g_buf)
+    check_quant_args(state, state_scale, state_rng, SCALE_DIM)
     grp = HV // Hk
     kda = g.dim() == 3
     active = cursor >= 0
     c = cursor.clamp(min=0).long()
 
-    a, gtot = _decayed_history(state, u_buf, k_buf, g_buf, c, g)  # alpha_c S_{c-1}, fp32; G_c
+    a, gtot = _decayed_history(load_state(state, state_scale, SCALE_DIM), u_buf, k_buf, g_buf, c, g)  # alpha_c S_{c-1}, fp32; G_c
     qf = q.float().repeat_interleave(grp, dim=1)  # (Bt, HV, K)
     kf = k.float().repeat_interleave(grp, dim=1)
     r = torch.einsum("bhkv,bhk->bhv", a, kf)
@@ -200,7 +224,7 @@ def delta_replay_decode_reference(
         g_buf.copy_(torch.where(sel[..., 0], g.to(g_buf.dtype)[:, :, None], g_buf))
 
     # Flush rows write the new checkpoint; advance the cursors.
-    state.copy_(torch.where(flush.view(Bt, 1, 1, 1), s.to(state.dtype), state))
+    _write_checkpoint(state, state_scale, state_rng, s, flush)
     cursor.copy_(torch.where(active, ((c + 1) % L).to(cursor.dtype), cursor))
 
     o = o.to(v.dtype)
@@ -217,23 +241,31 @@ def delta_replay_materialize_reference(
     k_buf: torch.Tensor,
     g_buf: torch.Tensor,
     cursor: torch.Tensor,
+    state_scale: torch.Tensor | None = None,
+    state_rng: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Fold the buffered entries into the checkpoint and empty the ring.
 
     Returns the exact fp32 state (Bt, HV, K, V) after the buffered tokens; also writes it
     (rounded once) into ``state`` and sets the cursors of rows with entries to 0. Rows with
-    cursor <= 0 (empty or idle) keep their checkpoint and cursor.
+    cursor <= 0 (empty or idle) keep their checkpoint and cursor (a quantized checkpoint is
+    rewritten only where entries were folded).
     """
+    check_quant_args(state, state_scale, state_rng, SCALE_DIM)
     Bt, HV = u_buf.shape[0], u_buf.shape[1]
     n = cursor.clamp(min=0).long()
     if g_buf.dim() == 4:
         tail = torch.zeros(Bt, HV, g_buf.shape[3], device=g_buf.device)
     else:
         tail = torch.zeros(Bt, HV, device=g_buf.device)
-    s, _ = _decayed_history(state, u_buf, k_buf, g_buf, n, tail)
-    has = (cursor > 0).view(Bt, 1, 1, 1)
-    s = torch.where(has, s, state.float())
-    state.copy_(s.to(state.dtype))
+    s0 = load_state(state, state_scale, SCALE_DIM)
+    s, _ = _decayed_history(s0, u_buf, k_buf, g_buf, n, tail)
+    has = cursor > 0
+    s = torch.where(has.view(Bt, 1, 1, 1), s, s0)
+    if state_scale is None and state_rng is None:
+        state.copy_(s.to(state.dtype))
+    else:
+        store_state(state, state_scale, state_rng, s, has, SCALE_DIM)
     cursor.copy_(torch.where(cursor > 0, torch.zeros_like(cursor), cursor))
     return s
 

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from ..cursor import advanced_cursor, arrive_on_cursor, count_arrival, cursor_of_word
 from .gates import previous_gate_sum
-from .programs import head_block
+from .programs import column_scale, head_block, store_state_tile
 
 
 @triton.jit
@@ -78,7 +78,7 @@ def _append_entry(cc, kv, gt, gc, u, kb_base, gb_base, ub_base, offs_k, offs_v, 
 
 @triton.jit
 def small_batch_kernel(t, io, lay, NV, KDA: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr,
-                       WRITE_IDLE: tl.constexpr, ARRIVE: tl.constexpr):
+                       WRITE_IDLE: tl.constexpr, ARRIVE: tl.constexpr, FMT: tl.constexpr = 0, SR: tl.constexpr = False):
     """ARRIVE 1: the arrival's atomic reads the cursor (one trip, before anything else); 2: a load
     reads it and the arrival follows once the ring loads that depend on it are issued (after a
     CTA barrier, so every thread's read has returned); 0: no arrival (a second launch advances)."""
@@ -123,6 +123,8 @@ def small_batch_kernel(t, io, lay, NV, KDA: tl.constexpr, BK: tl.constexpr, BV: 
 
     # the current token and the checkpoint tile (predicated on the cursor), then the ring (j < c)
     s0 = tl.load(s_ptrs, mask=mk_in[:, None] & mv_act[None, :], other=0.0).to(tl.float32)
+    if FMT >= 3:  # int8 / fp8: one scale per value column
+        s0 = s0 * column_scale(b, h, offs_v, mv_act, t, io, FMT)[None, :]
     qv = tl.load(q_base + offs_k * io.q_k, mask=mk_in, other=0.0).to(tl.float32)
     kv = tl.load(k_base + offs_k * io.k_k, mask=mk_in, other=0.0).to(tl.float32)
     if KDA:
@@ -149,8 +151,8 @@ def small_batch_kernel(t, io, lay, NV, KDA: tl.constexpr, BK: tl.constexpr, BV: 
         hq = tl.sum(acc * qv[:, None], axis=0)
         u = beta * (vv - r)
         o = hq + kq * u
-        tl.store(s_ptrs, (acc + kv[:, None] * u[None, :]).to(t.state.dtype.element_ty),
-                 mask=(offs_k < k_lim_flush)[:, None] & mv[None, :])
+        store_state_tile(s_ptrs, acc + kv[:, None] * u[None, :], offs_k < k_lim_flush, mv, b, h, offs_k, offs_v, t,
+                         io, lay, FMT, SR)
     else:
         ak = tl.sum(kw * kv[:, None], axis=0)  # (LP,) weighted k_j . k_c
         aq = tl.sum(kw * qv[:, None], axis=0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..backend import resolve_backend
+from ..quant import check_step_state
 from .reference import (
     mamba2_replay_decode_reference,
     mamba2_replay_materialize_reference,
@@ -32,15 +33,17 @@ __all__ = [
 
 
 def mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None,
-                         dt_softplus=True, out=None, arrivals=None, *, backend: str = "auto") -> torch.Tensor:
-    """One ReplaySSM decode step; see ``mamba2_replay_decode_reference`` for shapes."""
+                         dt_softplus=True, out=None, arrivals=None, state_scale=None, state_rng=None, *,
+                         backend: str = "auto") -> torch.Tensor:
+    """One ReplaySSM decode step; see ``mamba2_replay_decode_reference`` for shapes (``state_scale``
+    / ``state_rng``: low-precision checkpoints, ``replayssm.kernels.quant``)."""
     if resolve_backend(backend, x.device) == "triton":
         from .ops import mamba2_replay_decode_triton
 
         return mamba2_replay_decode_triton(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z,
-                                           dt_softplus, out, arrivals)
+                                           dt_softplus, out, arrivals, state_scale, state_rng)
     return mamba2_replay_decode_reference(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z,
-                                          dt_softplus, out, arrivals)
+                                          dt_softplus, out, arrivals, state_scale, state_rng)
 
 
 def mamba2_replay_verify(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None,
@@ -58,6 +61,7 @@ def mamba2_replay_verify(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt
 def mamba2_step_decode(x, dt, B, C, state, A, dt_bias=None, D=None, z=None, dt_softplus=True, *,
                        backend: str = "auto") -> torch.Tensor:
     """The ordinary per-step recurrence (baseline); see ``mamba2_step_decode_reference``."""
+    check_step_state(state)
     if resolve_backend(backend, x.device) == "triton":
         from .ops import mamba2_step_decode_triton
 
@@ -65,6 +69,7 @@ def mamba2_step_decode(x, dt, B, C, state, A, dt_bias=None, D=None, z=None, dt_s
     return mamba2_step_decode_reference(x, dt, B, C, state, A, dt_bias, D, z, dt_softplus)
 
 
-def mamba2_replay_materialize(state, x_buf, dt_buf, B_buf, cursor, A) -> torch.Tensor:
+def mamba2_replay_materialize(state, x_buf, dt_buf, B_buf, cursor, A, state_scale=None,
+                              state_rng=None) -> torch.Tensor:
     """Fold the buffer into the checkpoint (rare: before a stock prefill or an export)."""
-    return mamba2_replay_materialize_reference(state, x_buf, dt_buf, B_buf, cursor, A)
+    return mamba2_replay_materialize_reference(state, x_buf, dt_buf, B_buf, cursor, A, state_scale, state_rng)

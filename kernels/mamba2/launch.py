@@ -3,11 +3,15 @@ step can be captured in a CUDA graph). Kernels: ``programs.py``; launch knobs: `
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 
 from ..backend import compiled_in, num_sms, triton_interpreter_on
 from ..persistent import FLUSH_ROWS
+from ..quant import advance_flush_counters, check_quant_args, is_scaled
+from ..quant_triton import state_format
 from .config import LaunchConfig, StepConfig, default_config, pow2, program_split, step_config
 from .programs import Flags, IoStrides, Layout, Tensors, replay_kernel, replay_kernel_dyn
 from .step import step_kernel
@@ -64,7 +68,7 @@ def uses_lowp_dot(state_dtype: torch.dtype, x_buf_dtype: torch.dtype, B_buf_dtyp
 
 
 def replay_flags(cfg: LaunchConfig, N: int, L: int, n_rows: int, *, has_dt_bias: bool, has_D: bool, has_z: bool,
-                 dt_softplus: bool, zero_idle: bool, lowp: bool) -> Flags:
+                 dt_softplus: bool, zero_idle: bool, lowp: bool, fmt: int = 0, sr: bool = False) -> Flags:
     """The compile-time switches of a replay launch of ``cfg`` over ``n_rows`` rows."""
     early = cfg.block_n >= N  # one state tile: the first head's loads go out before the cursor
     flush_first_bb = pow2(n_rows) if cfg.flush_first and n_rows <= FLUSH_ROWS else 0
@@ -73,38 +77,61 @@ def replay_flags(cfg: LaunchConfig, N: int, L: int, n_rows: int, *, has_dt_bias:
         HAS_DT_BIAS=has_dt_bias, HAS_D=has_D, HAS_Z=has_z, DT_SOFTPLUS=bool(dt_softplus),
         ZERO_IDLE=bool(zero_idle), DOT_LOWP=lowp, DOT_PREC=prec, FLUSH_FMA=cfg.flush_fma, EARLY=early,
         FLUSH_FROM_EARLY=early and cfg.flush_block_n == cfg.block_n, FLUSH_FIRST_BB=flush_first_bb,
-        BLOCK_P=cfg.block_p, BLOCK_N=cfg.block_n, BLOCK_NF=cfg.flush_block_n, BLOCK_L=max(16, pow2(L))))
+        BLOCK_P=cfg.block_p, BLOCK_N=cfg.block_n, BLOCK_NF=cfg.flush_block_n, BLOCK_L=max(16, pow2(L)), FMT=fmt,
+        SR=bool(sr)))
+
+
+def quant_config(cfg: LaunchConfig, N: int, scaled: bool, given: bool) -> LaunchConfig:
+    """``cfg`` for an int8 / fp8 checkpoint: the flush's tile must span N (its scales are absmax
+    over N). A default configuration is widened; a given one that is too narrow is an error."""
+    if not scaled or cfg.flush_block_n >= N:
+        return cfg
+    if given:
+        raise ValueError(f"an int8 / fp8 checkpoint needs a flush tile over the whole state dim: "
+                         f"flush_block_n >= N = {N}; found {cfg.flush_block_n}")
+    return dataclasses.replace(cfg, flush_block_n=pow2(N))
+
 
 
 def launch_replay(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, dt_softplus, out,
-                  zero_idle: bool, arrivals: torch.Tensor | None = None, config: LaunchConfig | None = None) -> None:
+                  zero_idle: bool, arrivals: torch.Tensor | None = None, config: LaunchConfig | None = None,
+                  state_scale: torch.Tensor | None = None, state_rng: torch.Tensor | None = None) -> None:
     """One replay step written into ``out`` and the in-place tensors (semantics:
     ``mamba2_replay_decode_reference``); idle rows' ``out`` gets zeros if ``zero_idle``.
 
     ``arrivals``: the counters of the in-launch cursor advance (int32, at least B entries, zero
     between launches and left at zero; per row, or entry 0 alone with the flush-first order);
     None uses one vector per device shared by every call. ``config``: the launch knobs (default:
-    ``default_config``).
+    ``default_config``). ``state_scale`` / ``state_rng``: an int8 / fp8 checkpoint's scales (B, H, P)
+    and stochastic rounding's per-row [seed, counter] (``replayssm.kernels.quant``).
     """
     Bt, H, P, N, G, L = _check(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, out)
+    check_quant_args(state, state_scale, state_rng, -1)
     if arrivals is not None:
         check_arrivals(arrivals, Bt, x.device)
     if Bt == 0:
         return
     cfg = config or default_config(Bt, H, P, N, G, L, state.element_size(), x_buf.element_size(),
                                    num_sms(x.device.type, x.device.index))
+    cfg = quant_config(cfg, N, is_scaled(state.dtype), config is not None)
+    if state_rng is not None:
+        advance_flush_counters(state_rng, cursor, L)  # before the launch reads them
     HC, n_hc, n_pb = program_split(cfg, H, P, G)
     cnt = arrivals if arrivals is not None else _arrival_counter(x.device, Bt)
     t = Tensors(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias if dt_bias is not None else x,
-                D if D is not None else x, z if z is not None else x, out, cnt)
+                D if D is not None else x, z if z is not None else x, out, cnt,
+                state_scale if state_scale is not None else x, state_rng if state_rng is not None else cursor)
     io = IoStrides(*x.stride(), *dt.stride(), *B.stride(), *C.stride(), cursor.stride(0), A.stride(0),
                    dt_bias.stride(0) if dt_bias is not None else 0, D.stride(0) if D is not None else 0,
-                   *(z.stride() if z is not None else (0, 0, 0)), *out.stride())
+                   *(z.stride() if z is not None else (0, 0, 0)), *out.stride(),
+                   *(state_scale.stride() if state_scale is not None else (0, 0, 0)),
+                   state_rng.stride(0) if state_rng is not None else 0)
     lay = Layout(P, N, L, G, H // G, HC, n_hc, n_pb, *state.stride(), *x_buf.stride(), *dt_buf.stride(),
                  *B_buf.stride())
     flags = replay_flags(cfg, N, L, Bt, has_dt_bias=dt_bias is not None, has_D=D is not None, has_z=z is not None,
                          dt_softplus=dt_softplus, zero_idle=zero_idle,
-                         lowp=uses_lowp_dot(state.dtype, x_buf.dtype, B_buf.dtype))
+                         lowp=uses_lowp_dot(state.dtype, x_buf.dtype, B_buf.dtype), fmt=state_format(state.dtype),
+                         sr=state_rng is not None)
     if cfg.specialize:
         kernel, lay = replay_kernel, compiled_in(lay)
     else:

@@ -19,7 +19,7 @@ __all__ = ["mamba2_replay_decode_triton", "mamba2_step_decode_triton", "replay_d
 
 @torch.library.custom_op(
     "replayssm::mamba2_replay_decode",
-    mutates_args=("state", "x_buf", "dt_buf", "B_buf", "cursor", "out", "arrivals"),
+    mutates_args=("state", "x_buf", "dt_buf", "B_buf", "cursor", "out", "arrivals", "state_scale", "state_rng"),
 )
 def replay_decode_op(
     x: torch.Tensor,
@@ -39,15 +39,18 @@ def replay_decode_op(
     out: torch.Tensor,
     zero_idle: bool,
     arrivals: Optional[torch.Tensor],
+    state_scale: Optional[torch.Tensor] = None,
+    state_rng: Optional[torch.Tensor] = None,
 ) -> None:
-    """One ReplaySSM decode step written into ``out`` (idle rows: zeros if ``zero_idle``, else untouched)."""
+    """One ReplaySSM decode step written into ``out`` (idle rows: zeros if ``zero_idle``, else untouched);
+    ``state_scale`` / ``state_rng``: low-precision checkpoints (``replayssm.kernels.quant``)."""
     launch_replay(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, dt_softplus, out, zero_idle,
-                  arrivals)
+                  arrivals, state_scale=state_scale, state_rng=state_rng)
 
 
 @replay_decode_op.register_fake
 def _replay_decode_fake(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, dt_softplus, out,
-                        zero_idle, arrivals) -> None:
+                        zero_idle, arrivals, state_scale=None, state_rng=None) -> None:
     return None
 
 
@@ -75,14 +78,14 @@ def _step_decode_fake(x, dt, B, C, state, A, dt_bias, D, z, dt_softplus, out) ->
 
 
 def mamba2_replay_decode_triton(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None,
-                                dt_softplus=True, out=None, arrivals=None):
+                                dt_softplus=True, out=None, arrivals=None, state_scale=None, state_rng=None):
     """Triton ReplaySSM decode step through the custom operator; same signature and semantics as
     ``mamba2_replay_decode_reference``."""
     zero_idle = out is None
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     replay_decode_op(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, bool(dt_softplus), out,
-                     zero_idle, arrivals)
+                     zero_idle, arrivals, state_scale, state_rng)
     return out
 
 

@@ -17,19 +17,21 @@ import triton
 import triton.language as tl
 
 from ..persistent import flush_first_row
+from ..quant_triton import quantize_tile, row_key, uniform_bits
 
 #: the tensors of a replay launch (optional ones replaced by ``x``, with zero strides)
-Tensors = namedtuple("Tensors", "x dt B C state x_buf dt_buf B_buf cursor A dt_bias D z out arrivals")
+Tensors = namedtuple("Tensors", "x dt B C state x_buf dt_buf B_buf cursor A dt_bias D z out arrivals scale rng")
 #: strides of the per-step inputs and output: always runtime arguments
 IoStrides = namedtuple("IoStrides", "x_b x_h x_p dt_b dt_h B_b B_g B_n C_b C_g C_n cur A dt_bias D z_b z_h z_p "
-                                    "out_b out_h out_p")
+                                    "out_b out_h out_p sc_b sc_h sc_p rng_b")
 #: sizes, program split and the strides of the checkpoint and the rings: compile-time constants
 #: in ``replay_kernel``, runtime arguments in ``replay_kernel_dyn``
 Layout = namedtuple("Layout", "P N L G HPG HC n_hc n_pb s_b s_h s_p s_n xb_b xb_h xb_l xb_p db_b db_h db_l "
                               "Bb_b Bb_g Bb_l Bb_n")
-#: compile-time switches and block sizes (``launch.replay_flags``)
+#: compile-time switches and block sizes (``launch.replay_flags``); FMT: the checkpoint's format
+#: (``quant_triton``: >= 3 scaled, one scale per head-dim lane over N), SR: stochastic rounding
 Flags = namedtuple("Flags", "HAS_DT_BIAS HAS_D HAS_Z DT_SOFTPLUS ZERO_IDLE DOT_LOWP DOT_PREC FLUSH_FMA EARLY "
-                            "FLUSH_FROM_EARLY FLUSH_FIRST_BB BLOCK_P BLOCK_N BLOCK_NF BLOCK_L")
+                            "FLUSH_FROM_EARLY FLUSH_FIRST_BB BLOCK_P BLOCK_N BLOCK_NF BLOCK_L FMT SR")
 
 
 @triton.jit
@@ -66,6 +68,35 @@ def _head_constants(h, ok, t, io, k):
     if k.HAS_D:
         dco = tl.load(t.D + h * io.D, mask=ok, other=0.0).to(tl.float32)
     return a_h, dtb, dco
+
+
+@triton.jit
+def _head_scale(b, h, offs_p, mask_p, t, io, k):
+    """fp32 scales (BLOCK_P,) of head ``h``'s checkpoint lanes (1 for unscaled checkpoints)."""
+    if k.FMT >= 3:
+        return tl.load(t.scale + b * io.sc_b + h * io.sc_h + offs_p * io.sc_p, mask=mask_p, other=0.0)
+    else:
+        return tl.full([k.BLOCK_P], 1.0, tl.float32)
+
+
+@triton.jit
+def _store_state_tile(ptrs, s_new, m2, b, h, offs_p, mask_p, nn, t, io, lay, k):
+    """Store a flush tile (BLOCK_P, N-tile) of the new checkpoint: a plain cast, or (FMT >= 3 / SR)
+    through ``quant_triton.quantize_tile`` with this tile's scales (the tile spans N) and the
+    random bits of element ``(h P + p) N + n`` under the row's key (``state_rng`` [seed, counter],
+    the counter advanced before the launch)."""
+    if (k.FMT >= 3) | k.SR:
+        if k.SR:
+            key = row_key(tl.load(t.rng + b * io.rng_b), tl.load(t.rng + b * io.rng_b + 1))
+            u = uniform_bits(key, (h * lay.P + offs_p[:, None]) * lay.N + nn[None, :])
+        else:
+            u = 0
+        q, d = quantize_tile(tl.where(m2, s_new, 0.0), u, 1, k.FMT, k.SR)
+        tl.store(ptrs, q.to(t.state.dtype.element_ty), mask=m2)
+        if k.FMT >= 3:
+            tl.store(t.scale + b * io.sc_b + h * io.sc_h + offs_p * io.sc_p, d, mask=mask_p)
+    else:
+        tl.store(ptrs, s_new.to(t.state.dtype.element_ty), mask=m2)
 
 
 @triton.jit
@@ -198,7 +229,7 @@ def _fma_window_update(s0, bcur, d, xcb, a_h, h, offs_p, mask_p, nn, mn, rows, t
 
 
 @triton.jit
-def _flush_heads_fma(h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k):
+def _flush_heads_fma(b, h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k):
     """State-and-output route, window update by rank-1 fp32 updates (``_fma_window_update``): any
     ``BLOCK_P``, fp32 products for every operand dtype, few registers. With FLUSH_FROM_EARLY (one
     flush tile spans the state dim) the first head starts from the early loads ``e``."""
@@ -211,9 +242,10 @@ def _flush_heads_fma(h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k):
         xcb = xc_e.to(t.x_buf.dtype.element_ty)
         mn = offs_nf < lay.N
         s_ptrs = st_row + h0 * lay.s_h + offs_p[:, None] * lay.s_p + offs_nf[None, :] * lay.s_n
-        s_new = _fma_window_update(s_e.to(tl.float32), bc_e, d, xcb, a_e, h0, offs_p, mask_p, offs_nf, mn, rows, t,
-                                   lay, k)
-        tl.store(s_ptrs, s_new.to(t.state.dtype.element_ty), mask=mask_p[:, None] & mn[None, :])
+        sc = _head_scale(b, h0, offs_p, mask_p, t, io, k)
+        s_new = _fma_window_update(s_e.to(tl.float32) * sc[:, None], bc_e, d, xcb, a_e, h0, offs_p, mask_p, offs_nf,
+                                   mn, rows, t, lay, k)
+        _store_state_tile(s_ptrs, s_new, mask_p[:, None] & mn[None, :], b, h0, offs_p, mask_p, offs_nf, t, io, lay, k)
         acc_y = tl.sum(s_new * cv_e.to(tl.float32)[None, :], 1)
         _head_output_and_append(acc_y, h0, c, pb, xc_e, xcb, d, dco_e, offs_p, mask_p, rows, t, io, lay, k)
         i0 = 1
@@ -224,22 +256,23 @@ def _flush_heads_fma(h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k):
         xc = tl.load(x_row + h * io.x_h + offs_p * io.x_p, mask=mask_p, other=0.0)
         xcb = xc.to(t.x_buf.dtype.element_ty)
         acc_y = tl.zeros([k.BLOCK_P], dtype=tl.float32)
+        sc = _head_scale(b, h, offs_p, mask_p, t, io, k)
         for n0 in range(0, lay.N, k.BLOCK_NF):
             nn = n0 + offs_nf
             mn = nn < lay.N
             m2 = mask_p[:, None] & mn[None, :]
             s_ptrs = st_row + h * lay.s_h + offs_p[:, None] * lay.s_p + nn[None, :] * lay.s_n
-            s0 = tl.load(s_ptrs, mask=m2, other=0.0).to(tl.float32)
+            s0 = tl.load(s_ptrs, mask=m2, other=0.0).to(tl.float32) * sc[:, None]
             cv = tl.load(C_row + nn * io.C_n, mask=mn, other=0.0).to(tl.float32)
             bcur = tl.load(B_row + nn * io.B_n, mask=mn, other=0.0)
             s_new = _fma_window_update(s0, bcur, d, xcb, a_h, h, offs_p, mask_p, nn, mn, rows, t, lay, k)
-            tl.store(s_ptrs, s_new.to(t.state.dtype.element_ty), mask=m2)
+            _store_state_tile(s_ptrs, s_new, m2, b, h, offs_p, mask_p, nn, t, io, lay, k)
             acc_y += tl.sum(s_new * cv[None, :], 1)
         _head_output_and_append(acc_y, h, c, pb, xc, xcb, d, dco, offs_p, mask_p, rows, t, io, lay, k)
 
 
 @triton.jit
-def _flush_heads_dot(h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k):
+def _flush_heads_dot(b, h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k):
     """State-and-output route with a ``tl.dot`` over the window (``tf32x3`` for fp32 operands, the
     16-bit type with DOT_LOWP), one loop over (head, state-dim tile) pairs that issues every load of
     the next pair (and the next head's window) before computing the current one."""
@@ -302,9 +335,10 @@ def _flush_heads_dot(h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k):
             upd = tl.dot(tl.trans(xw), wb.to(t.x_buf.dtype.element_ty), out_dtype=tl.float32)
         else:
             upd = tl.dot(tl.trans(xw.to(tl.float32)), wb, input_precision=k.DOT_PREC, out_dtype=tl.float32)
-        s_new = abar * s_t.to(tl.float32) + upd
-        tl.store(st_row + h * lay.s_h + offs_p[:, None] * lay.s_p + nn[None, :] * lay.s_n,
-                 s_new.to(t.state.dtype.element_ty), mask=mask_p[:, None] & mn[None, :])
+        sc = _head_scale(b, h, offs_p, mask_p, t, io, k)
+        s_new = abar * (s_t.to(tl.float32) * sc[:, None]) + upd
+        _store_state_tile(st_row + h * lay.s_h + offs_p[:, None] * lay.s_p + nn[None, :] * lay.s_n, s_new,
+                          mask_p[:, None] & mn[None, :], b, h, offs_p, mask_p, nn, t, io, lay, k)
         acc_y += tl.sum(s_new * cv_t.to(tl.float32)[None, :], 1)
         if kt == NT - 1:  # the head's last tile: output and appends
             _head_output_and_append(acc_y, h, c, pb, xc_t, xcb, d, dco, offs_p, mask_p, rows, t, io, lay, k)
@@ -337,7 +371,7 @@ def _output_window_products(rows, e, t, io, lay, k):
 
 
 @triton.jit
-def _output_heads_one_tile(h0, nh, pb, c, bc, offs_p, mask_p, rows, e, t, io, lay, k):
+def _output_heads_one_tile(b, h0, nh, pb, c, bc, offs_p, mask_p, rows, e, t, io, lay, k):
     """Output-only route when one tile spans the state dim: the first head from the early loads
     ``e``, and each next head's tiles loaded while the current head is computed."""
     offs_l, valid_l, cur_l, xb_row, _, _, _, x_row, st_row, db_row, dt_row, _, _, x_rel, mx = rows
@@ -369,6 +403,8 @@ def _output_heads_one_tile(h0, nh, pb, c, bc, offs_p, mask_p, rows, e, t, io, la
         a_n, dtb_n, dco_n = _head_constants(hn, ok, t, io, k)
 
         acc = tl.sum(s_t.to(tl.float32) * cv[None, :], 1)  # S0 . C
+        if k.FMT >= 3:
+            acc = acc * _head_scale(b, h, offs_p, mask_p, t, io, k)
         d = _process_dt(dr_t, dtb_t, k)
         w, abar = _window_weights(dtw_t, d, cur_l, a_t)
         xcb = xc_t.to(t.x_buf.dtype.element_ty)
@@ -384,7 +420,7 @@ def _output_heads_one_tile(h0, nh, pb, c, bc, offs_p, mask_p, rows, e, t, io, la
 
 
 @triton.jit
-def _output_heads_tiled(h0, nh, pb, c, bc, offs_p, mask_p, rows, t, io, lay, k):
+def _output_heads_tiled(b, h0, nh, pb, c, bc, offs_p, mask_p, rows, t, io, lay, k):
     """Output-only route over several state-dim tiles per head (``BLOCK_N < N``)."""
     offs_l, valid_l, cur_l, xb_row, _, _, C_row, x_row, st_row, db_row, dt_row, _, _, x_rel, mx = rows
     offs_n = tl.arange(0, k.BLOCK_N)
@@ -401,6 +437,8 @@ def _output_heads_tiled(h0, nh, pb, c, bc, offs_p, mask_p, rows, t, io, lay, k):
                          mask=mask_p[:, None] & mn[None, :], other=0.0).to(tl.float32)
             cvn = tl.load(C_row + nn * io.C_n, mask=mn, other=0.0).to(tl.float32)
             acc += tl.sum(s0 * cvn[None, :], 1)
+        if k.FMT >= 3:
+            acc = acc * _head_scale(b, h, offs_p, mask_p, t, io, k)
         a_h, dtb, dco = _head_constants(h, True, t, io, k)
         d = _process_dt(tl.load(dt_row + h * io.dt_h), dtb, k)
         w, abar = _window_weights(dtw, d, cur_l, a_h)
@@ -459,18 +497,18 @@ def _replay_program(t, io, lay, k):
     rows = _row_pointers(b, g, c, offs_p, mask_p, t, io, lay, k)
     if is_flush:
         if k.FLUSH_FMA:
-            _flush_heads_fma(h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k)
+            _flush_heads_fma(b, h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k)
         else:
-            _flush_heads_dot(h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k)
+            _flush_heads_dot(b, h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k)
     else:
         bc = _output_window_products(rows, e, t, io, lay, k)
         if k.EARLY:
             if k.BLOCK_N >= lay.N:  # (a runtime test in replay_kernel_dyn; true whenever EARLY)
-                _output_heads_one_tile(h0, nh, pb, c, bc, offs_p, mask_p, rows, e, t, io, lay, k)
+                _output_heads_one_tile(b, h0, nh, pb, c, bc, offs_p, mask_p, rows, e, t, io, lay, k)
             else:
-                _output_heads_tiled(h0, nh, pb, c, bc, offs_p, mask_p, rows, t, io, lay, k)
+                _output_heads_tiled(b, h0, nh, pb, c, bc, offs_p, mask_p, rows, t, io, lay, k)
         else:
-            _output_heads_tiled(h0, nh, pb, c, bc, offs_p, mask_p, rows, t, io, lay, k)
+            _output_heads_tiled(b, h0, nh, pb, c, bc, offs_p, mask_p, rows, t, io, lay, k)
     if (hc == 0) & (pb == 0):  # one program per (row, group) appends B
         _append_B(c, rows, t, io, lay, k)
 

@@ -11,6 +11,9 @@ Notation (per row b, head h; group g = h // (H // G)):
 * Flush when ``c == L - 1``: ``S0 <- S_c`` (rounded once to the checkpoint dtype) and the
   buffer restarts empty. The cursor always advances to ``(c + 1) % L``.
 * Rows with ``cursor < 0`` are idle: nothing of theirs is read or written.
+* Low-precision checkpoints (``replayssm.kernels.quant``): int8 / fp8 ones come with
+  ``state_scale`` (B, H, P) fp32, one scale per head-dim lane over N; ``state_rng`` (B, 2)
+  int64 [seed, flush counter] makes the flush's rounding stochastic (any dtype below fp32).
 
 The reference always forms ``S_c`` (state-and-output route) and selects per row with
 ``torch.where``; it makes no host-side decision from tensor values, so it can be
@@ -21,6 +24,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from ..quant import check_quant_args, load_state, store_state
+
+#: the state dimension the int8 / fp8 scales run over (S0 is (B, H, P, N))
+SCALE_DIM = -1
 
 __all__ = [
     "mamba2_replay_decode_reference",
@@ -77,6 +85,8 @@ def mamba2_replay_decode_reference(
     dt_softplus: bool = True,
     out: torch.Tensor | None = None,
     arrivals: torch.Tensor | None = None,
+    state_scale: torch.Tensor | None = None,
+    state_rng: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One ReplaySSM decode step for a batch of rows, each at its own cursor.
 
@@ -94,13 +104,18 @@ def mamba2_replay_decode_reference(
         out: optional (B, H, P) output; idle rows keep its contents.
         arrivals: scratch of the Triton kernel's in-launch cursor advance (int32, at least B
             entries, zero between launches; see ``launch.launch_replay``); unused here.
+        state_scale: (B, H, P) fp32 scales of an int8 / fp8 checkpoint (written on flush rows).
+        state_rng: (B, 2) int64 [seed, counter]: stochastic rounding on flush rows (their
+            counters advance by one).
 
     Returns:
         y (B, H, P) in ``x.dtype`` (``out`` if given).
     """
     Bsz, H, L, P = x_buf.shape
+    check_quant_args(state, state_scale, state_rng, SCALE_DIM)
     active = cursor >= 0
     c = cursor.clamp(min=0).long()
+    s0 = load_state(state, state_scale, SCALE_DIM)
 
     # 1. Write the current token into its slot (active rows only).
     dtp = process_dt(dt, dt_bias, dt_softplus)
@@ -114,7 +129,7 @@ def mamba2_replay_decode_reference(
     B_buf.copy_(torch.where(act4, b_new, B_buf))
 
     # 2. Reconstruct the state and read the output.
-    s = _window_state(state, x_new, dt_new, b_new, c, A)
+    s = _window_state(s0, x_new, dt_new, b_new, c, A)
     ch = C.float().repeat_interleave(H // G, dim=1)  # (B, H, N)
     y = torch.einsum("bhpn,bhn->bhp", s, ch)
     if D is not None:
@@ -125,7 +140,7 @@ def mamba2_replay_decode_reference(
 
     # 3. Flush rows fold the window into the checkpoint; advance cursors.
     flush = active & (c == L - 1)
-    state.copy_(torch.where(flush.view(Bsz, 1, 1, 1), s.to(state.dtype), state))
+    _write_checkpoint(state, state_scale, state_rng, s, flush)
     cursor.copy_(torch.where(active, ((c + 1) % L).to(cursor.dtype), cursor))
 
     y = y.to(x.dtype)
@@ -135,6 +150,14 @@ def mamba2_replay_decode_reference(
     return out
 
 
+def _write_checkpoint(state, state_scale, state_rng, s, rows) -> None:
+    """The new checkpoint ``s`` (fp32) on ``rows`` (B,) bool, rounded once to the state dtype."""
+    if state_scale is None and state_rng is None:
+        state.copy_(torch.where(rows.view(-1, 1, 1, 1), s.to(state.dtype), state))
+    else:
+        store_state(state, state_scale, state_rng, s, rows, SCALE_DIM)
+
+
 def mamba2_replay_materialize_reference(
     state: torch.Tensor,
     x_buf: torch.Tensor,
@@ -142,19 +165,27 @@ def mamba2_replay_materialize_reference(
     B_buf: torch.Tensor,
     cursor: torch.Tensor,
     A: torch.Tensor,
+    state_scale: torch.Tensor | None = None,
+    state_rng: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Fold the buffered entries into the checkpoint and empty the buffer.
 
     Returns the exact fp32 state (B, H, P, N) after the buffered tokens; also writes it
     (rounded) into ``state`` and sets active cursors to 0. Rows with cursor <= 0 keep
-    their checkpoint.
+    their checkpoint (a quantized one is rewritten only where entries were folded; the scales
+    and random-number state as in ``mamba2_replay_decode_reference``).
     """
     Bsz = state.shape[0]
+    check_quant_args(state, state_scale, state_rng, SCALE_DIM)
     active = cursor > 0
     c = (cursor.clamp(min=1) - 1).long()  # index of the last buffered entry
-    s = _window_state(state, x_buf, dt_buf, B_buf, c, A)
-    s = torch.where(active.view(Bsz, 1, 1, 1), s, state.float())
-    state.copy_(s.to(state.dtype))
+    s0 = load_state(state, state_scale, SCALE_DIM)
+    s = _window_state(s0, x_buf, dt_buf, B_buf, c, A)
+    s = torch.where(active.view(Bsz, 1, 1, 1), s, s0)
+    if state_scale is None and state_rng is None:
+        state.copy_(s.to(state.dtype))
+    else:
+        store_state(state, state_scale, state_rng, s, active, SCALE_DIM)
     cursor.copy_(torch.where(cursor > 0, torch.zeros_like(cursor), cursor))
     return s
 

@@ -64,7 +64,7 @@ def test_invalid_option_values_are_one_line_usage_errors(started):
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["convert", "tiny:mamba2", "OUT", "--state-dtype", "int8"], "int8"),
+    (["convert", "tiny:mamba2", "OUT", "--state-dtype", "int4"], "int4"),
     (["convert", "tiny:mamba2", "OUT", "--dtype", "fp8"], "fp8"),
     (["convert", "tiny:mamba2", "OUT", "--buffer-len", "257"], "--buffer-len"),
     (["convert", "tiny:mamba2", "OUT", "--backend", "cuda"], "--backend"),
@@ -149,7 +149,7 @@ def test_path_and_option_errors_come_before_importing_torch(tiny_dir, tiny_cache
     cases = [
         ["convert", str(tmp_path / "missing"), out],
         ["convert", str(src), str(exists)],
-        ["convert", str(src), out, "--state-dtype", "int8"],
+        ["convert", str(src), out, "--state-dtype", "int4"],
         ["convert", str(src), out, "--device", "gpu"],
         ["convert", str(truncated), out],
         ["convert", str(no_type), out],

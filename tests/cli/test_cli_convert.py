@@ -192,3 +192,20 @@ def test_cuda_graphs_recorded_in_the_block(capsys, tmp_path):
     block = parse_json(capsys.readouterr().out)["replayssm"]
     assert block["cuda_graphs"] is False and block["graph_max_len"] is None
     assert main(args[:-2] + ["1"]) == 2  # below the minimum: a usage error
+
+
+@pytest.mark.parametrize("family,dtype,rounding", [("nemotron_h", "int8", "nearest"), ("qwen3_5", "fp8", "stochastic")])
+def test_convert_validates_quantized_checkpoints_by_fidelity(capsys, tmp_path, family, dtype, rounding):
+    """An 8-bit or stochastic checkpoint is validated by the teacher-forced fidelity criterion (mean
+    |logit diff| in std units and greedy agreement), not by token equality; the block records it."""
+    from replayssm.cli.main import main
+
+    out = tmp_path / "out"
+    args = ["convert", f"tiny:{family}", str(out), "--json", "--device", "cpu", "--buffer-len", "4",
+            "--state-dtype", dtype, "--state-rounding", rounding, "--state-seed", "5"]
+    assert main(args) == 0
+    result = parse_json(capsys.readouterr().out)
+    block = result["replayssm"]
+    assert (block["state_dtype"], block["state_rounding"], block["state_seed"]) == (dtype, rounding, 5)
+    checks = {c["name"]: c for c in result["validation"]["checks"]}
+    assert checks["fidelity"]["ok"] and "std" in checks["fidelity"]["detail"] and "tokens" not in checks

@@ -36,7 +36,7 @@ def test_smoke_run_times_both_families_and_a_baseline_tree(tmp_path):
 def test_bad_input_is_refused_in_one_line(tmp_path):
     for args, message in ((["--family", "mamba3"], "--family takes mamba2, delta or both"),
                           (["--batches", "x"], "--batches takes comma-separated integers"),
-                          (["--dtypes", "int8"], "--dtypes: unknown"),
+                          (["--dtypes", "int4"], "--dtypes: unknown"),
                           (["--shapes", "nope"], "--shapes: unknown ['nope']"),
                           (["--L", "1"], "--L at least 2"),
                           (["--baseline-tree", str(tmp_path)], "is not a kernels/ directory")):
@@ -45,3 +45,15 @@ def test_bad_input_is_refused_in_one_line(tmp_path):
         assert bad.returncode == 2 and message in bad.stderr, (args, bad.stderr[-500:])
         assert "Traceback" not in bad.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_smoke_run_with_8bit_checkpoints(tmp_path):
+    """int8 / fp8 checkpoint rows: replay only, with their time relative to bf16 and memory per sequence."""
+    out = tmp_path / "bench8"
+    proc = subprocess.run([sys.executable, SCRIPT, "--smoke", "--family", "mamba2", "--dtypes",
+                           "float32,bfloat16,int8,float8_e4m3fn", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {r["checkpoint"]: r for r in json.loads((out / "kernels.json").read_text())["rows"]}
+    assert set(rows["int8"]["us"]) == {"replay"} and "vs_bf16" in rows["int8"]
+    assert rows["int8"]["mem_vs"]["bfloat16"] < 1 and rows["float8_e4m3fn"]["mem_vs"]["float32"] < 0.5

@@ -264,9 +264,9 @@ def test_small_batches_default_to_one_launch(monkeypatch):
     calls = []  # (batch, block_v, arrive_first) of each one-launch step
     real = launch._launch_one
 
-    def recording(t, io, lay, Bt, cfg, kda, write_idle):
+    def recording(t, io, lay, Bt, cfg, kda, write_idle, *quant):
         calls.append((Bt, cfg.block_v, cfg.arrive_first))
-        return real(t, io, lay, Bt, cfg, kda, write_idle)
+        return real(t, io, lay, Bt, cfg, kda, write_idle, *quant)
 
     monkeypatch.setattr(launch, "_launch_one", recording)
     gen = torch.Generator().manual_seed(10)

@@ -1,0 +1,44 @@
+"""Low-precision checkpoints in the Triton kernels under the interpreter (tiny fp32 shapes): the
+shared quantize code bit for bit against ``replayssm.kernels.quant``, and each family's replay
+step against the reference. GPU shapes: ``test_quant_kernels_gpu.py``."""
+
+import pytest
+import torch
+
+from replayssm.kernels import quant as Q
+
+from quant_helpers import compare
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+LOWP = [torch.int8, torch.float8_e4m3fn, torch.float16, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", LOWP)
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("sr", [False, True])
+def test_triton_quantize_is_bit_exact(dtype, axis, sr):
+    if dtype in (torch.float16, torch.bfloat16) and not sr:
+        pytest.skip("nearest 16-bit stores are a plain cast")
+    from replayssm.kernels.quant_triton import quant_probe
+
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(12, 40, generator=g) * torch.logspace(-8, 2, 40)).to(DEV)
+    x[3] = 0.0
+    rng = torch.tensor([[12345, 77]], dtype=torch.int64, device=DEV) if sr else None
+    q, d = quant_probe(x, dtype, axis, rng[0] if sr else None)
+    u = Q._state_bits(rng, (12, 40))[0] if sr else None
+    qr, dr = Q.quantize(x, dtype, axis, u)
+    as_bytes = lambda t: t.view(torch.uint8) if t.element_size() == 1 else t  # noqa: E731
+    assert torch.equal(as_bytes(q), as_bytes(qr))
+    assert (d is None and dr is None) or torch.equal(d, dr)
+
+
+@pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
+@pytest.mark.parametrize("dtype,sr", [(torch.int8, False), (torch.int8, True), (torch.float8_e4m3fn, False),
+                                      (torch.float8_e4m3fn, True), (torch.bfloat16, True)])
+@pytest.mark.parametrize("batch", [3, 6])  # one-launch / fma flush, and the multi-launch / dot flush
+def test_replay_kernel_matches_reference(family, dtype, sr, batch):
+    y_err, off, same_rng = compare(family, dtype, sr, batch, steps=5, device=DEV)
+    assert y_err < 1e-4
+    assert off == 0.0, "a stored value is more than one quantum from the reference's"
+    assert same_rng
