@@ -173,3 +173,18 @@ def test_a_rollback_past_the_ring_raises():
             cache.crop(3)
     finally:
         replayssm.unpatch(model)
+
+
+@pytest.mark.parametrize("patch_kw", [dict(state_dtype="int8"), dict(state_dtype="bf16", state_rounding="stochastic")])
+def test_scaled_or_stochastic_checkpoints_refuse_verify_windows(patch_kw):
+    """The verify path reads and flushes plain checkpoints only: one clear error, not a wrong state."""
+    from replayssm.errors import ConfigError
+
+    model = tiny("nemotron_h")
+    ids, mask = _prompt(seed=4)
+    try:
+        replayssm.patch(model, buffer_len=8, **patch_kw)
+        with pytest.raises(ConfigError, match="speculative decoding .* needs a checkpoint without scales"):
+            generate(model, ids, mask, max_new_tokens=12, prompt_lookup_num_tokens=3)
+    finally:
+        replayssm.unpatch(model)
