@@ -39,8 +39,8 @@ def replay_decode_op(
     out: torch.Tensor,
     zero_idle: bool,
     arrivals: Optional[torch.Tensor],
-    state_scale: Optional[torch.Tensor] = None,
-    state_rng: Optional[torch.Tensor] = None,
+    state_scale: Optional[torch.Tensor],
+    state_rng: Optional[torch.Tensor],
 ) -> None:
     """One ReplaySSM decode step written into ``out`` (idle rows: zeros if ``zero_idle``, else untouched);
     ``state_scale`` / ``state_rng``: low-precision checkpoints (``replayssm.kernels.quant``)."""
@@ -50,7 +50,7 @@ def replay_decode_op(
 
 @replay_decode_op.register_fake
 def _replay_decode_fake(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, dt_softplus, out,
-                        zero_idle, arrivals, state_scale=None, state_rng=None) -> None:
+                        zero_idle, arrivals, state_scale, state_rng) -> None:
     return None
 
 

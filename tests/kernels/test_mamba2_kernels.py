@@ -392,8 +392,26 @@ def test_opcheck_both_ops():
     x, dt, B, C, z = prob.inputs()
     out = torch.zeros(2, 2, 16, device=DEV)
     for arrivals in (None, torch.zeros(2, dtype=torch.int32, device=DEV)):
-        args = (x, dt, B, C, *prob.clone().mutable(), prob.A, prob.dt_bias, prob.D, z, True, out, False, arrivals)
+        args = (x, dt, B, C, *prob.clone().mutable(), prob.A, prob.dt_bias, prob.D, z, True, out, False, arrivals,
+                None, None)
         torch.library.opcheck(torch.ops.replayssm.mamba2_replay_decode.default, args)
     s = prob.clone().state
     torch.library.opcheck(torch.ops.replayssm.mamba2_step_decode.default,
                           (x, dt, B, C, s, prob.A, prob.dt_bias, prob.D, z, True, torch.zeros_like(out)))
+
+
+def test_custom_ops_declare_no_defaults_for_mutated_arguments():
+    """The dispatcher drops trailing arguments equal to their schema default before the in-place
+    bookkeeping of some torch versions (2.11) indexes them: a mutated argument with a default
+    breaks every call there. Every replayssm operator declares its mutated arguments without one."""
+    import replayssm.kernels.delta.ops  # noqa: F401 (registers the delta operators)
+    import replayssm.kernels.mamba2.ops  # noqa: F401
+
+    ops = {n: getattr(torch.ops.replayssm, n) for n in dir(torch.ops.replayssm)}
+    ops = {n: op for n, op in ops.items() if isinstance(op, torch._ops.OpOverloadPacket)}
+    assert {"mamba2_replay_decode", "delta_replay_decode"} <= ops.keys()
+    for name, op in ops.items():
+        for overload in op.overloads():
+            for arg in getattr(op, overload)._schema.arguments:
+                if arg.alias_info is not None and arg.alias_info.is_write:
+                    assert not arg.has_default_value(), f"{name}: mutated argument {arg.name} has a default"

@@ -254,7 +254,8 @@ def test_opcheck_gpu():
     x, dt, B, C, z = prob.inputs()
     out = torch.zeros(3, H, P, dtype=BF16, device="cuda")
     for arrivals in (None, torch.zeros(3, dtype=torch.int32, device="cuda")):
-        args = (x, dt, B, C, *prob.clone().mutable(), prob.A, prob.dt_bias, prob.D, z, True, out, False, arrivals)
+        args = (x, dt, B, C, *prob.clone().mutable(), prob.A, prob.dt_bias, prob.D, z, True, out, False, arrivals,
+                None, None)
         torch.library.opcheck(torch.ops.replayssm.mamba2_replay_decode.default, args)
     torch.library.opcheck(torch.ops.replayssm.mamba2_step_decode.default,
                           (x, dt, B, C, prob.clone().state, prob.A, prob.dt_bias, prob.D, z, True, out.clone()))
