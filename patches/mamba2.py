@@ -25,7 +25,7 @@ from .base import ReplayMixin, apply_padding_mask
 from .cache_state import ReplayBuffers
 from .fused_norm import gated_norm
 from .kinds import MAMBA2
-from .quant_state import kernel_args, needs_replay_path
+from .quant_state import kernel_args, needs_replay_path, replay_backend
 
 
 class ReplayMamba2Mixer(ReplayMixin):
@@ -85,7 +85,8 @@ class ReplayMamba2Mixer(ReplayMixin):
                 scale, rng = kernel_args(t, state)
                 y = mamba2_replay_decode(
                     *args, state, t["x_buf"], t["dt_buf"], t["B_buf"], buffers.cursor, A, self.dt_bias, self.D, z,
-                    True, arrivals=buffers.extra.get("arrivals"), state_scale=scale, state_rng=rng, backend=backend)
+                    True, arrivals=buffers.extra.get("arrivals"), state_scale=scale, state_rng=rng,
+                    backend=replay_backend(self.replay_options))
         y = y.reshape(batch, T, H * P)
         if not is_falcon_h1 or getattr(self, "mamba_rms_norm", True):
             y = gated_norm(self.norm, y, gate, backend)
