@@ -56,7 +56,8 @@ def gated_norm(norm: torch.nn.Module, x: torch.Tensor, gate: torch.Tensor, backe
     if form is None:  # first call: the kernel's result if it agrees, so every call computes alike
         form = norm_form(norm)
         ref = norm(x, gate)
-        fused = gated_rmsnorm(x, gate, norm.weight, eps, form, backend=backend) if form is not None and eps is not None else None
+        fused = None if form is None or eps is None else gated_rmsnorm(x, gate, norm.weight, eps, form,
+                                                                        backend=backend)
         ok = fused is not None and _agrees(fused, ref)
         norm.__dict__[_FORM_ATTR] = form if ok else False
         return fused if ok else ref

@@ -4,10 +4,10 @@ transformers' ``prepare_inputs_for_generation`` rebuilds each decode step's inpu
 4-D attention mask over the whole static cache included; that takes longer than launching the
 captured step, and the GPU waits for it (``generate`` synchronises once per step). ``StepInputs``
 builds a step's inputs from the first decode step's: the new token, the next position ids, and the
-2-D padding mask (all ones where generate passes none) written into one fixed 4-D mask tensor (positions past the sequence stay False,
-as in transformers' causal mask over a static cache). It is trusted only after it reproduced
-transformers' own inputs exactly (keys, values, shapes, dtypes, strides) on a step; otherwise the
-pooled slot keeps transformers' preparation.
+2-D padding mask (all ones where generate passes none) written into one fixed 4-D mask tensor
+(positions past the sequence stay False, as in transformers' causal mask over a static cache). It
+is trusted only after it reproduced transformers' own inputs exactly (keys, values, shapes, dtypes,
+strides) on a step; otherwise the pooled slot keeps transformers' preparation.
 """
 
 from __future__ import annotations
