@@ -7,7 +7,8 @@ builds a step's inputs from the first decode step's: the new token, the next pos
 2-D padding mask (all ones where generate passes none) written into one fixed 4-D mask tensor
 (positions past the sequence stay False, as in transformers' causal mask over a static cache). It
 is trusted only after it reproduced transformers' own inputs exactly (keys, values, shapes, dtypes,
-strides) on a step; otherwise the pooled slot keeps transformers' preparation.
+strides) on a step, and again for every call whose inputs have another structure; otherwise the
+pooled slot keeps transformers' preparation.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class StepInputs:
 
     def __init__(self) -> None:
         self.trusted: bool | None = None  # None until checked against transformers once
+        self.checked_form: tuple | None = None  # the structure of the call the check passed on
         self.template: dict[str, Any] | None = None
         self.mask: torch.Tensor | None = None
         self._stale_mask = True
@@ -36,12 +38,15 @@ class StepInputs:
             return original()
         if self.template is None:
             self.template = original()
+            if self.trusted and _form(self.template, kwargs) != self.checked_form:
+                self.trusted = None  # a call of another structure (other inputs): check it again
             return self.template
         lean = self._build(input_ids, kwargs)
         if self.trusted and lean is not None:
             return lean
         want = original()
         self.trusted = lean is not None and same_inputs(lean, want)
+        self.checked_form = _form(self.template, kwargs) if self.trusted else None
         return want
 
     def _build(self, input_ids: torch.Tensor, kwargs: dict) -> dict | None:
@@ -79,6 +84,24 @@ class StepInputs:
             self._stale_mask = False
         self.mask[:, 0, 0, : mask2d.shape[1]].copy_(mask2d)
         return self.mask
+
+
+def _structure(value: Any):
+    """What a call's inputs look like apart from their values: keys, types, tensor dtypes and shapes."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.dtype, tuple(value.shape), value.device)
+    if isinstance(value, dict):
+        return ("dict", tuple((k, _structure(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_structure(v) for v in value))
+    if isinstance(value, (bool, int, float, str, type(None))):
+        return ("value", value)
+    return ("object", id(value))
+
+
+def _form(template: dict, kwargs: dict) -> tuple:
+    """The structure of a call: its first step's prepared inputs and the names generate passes."""
+    return _structure(template), tuple(sorted(kwargs))
 
 
 def same_inputs(a: Any, b: Any) -> bool:

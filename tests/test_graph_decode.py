@@ -287,6 +287,13 @@ def test_step_inputs_are_checked_before_they_are_trusted():
     got = good.prepare(lambda: prepared(4, {}), ids(4), kwargs(4))
     assert same_inputs(got, prepared(4, {}))
 
+    # a later call of another structure (a per-step input the check never saw) is checked again
+    good.new_call()
+    for n in (3, 4, 5):
+        got = good.prepare(lambda n=n: prepared(n, {"step": torch.tensor(n)}), ids(n), kwargs(n))
+        assert same_inputs(got, prepared(n, {"step": torch.tensor(n)}))
+    assert good.trusted is False
+
     bad = StepInputs()
     for n in (3, 4, 5):
         got = bad.prepare(lambda n=n: prepared(n, {"step": torch.tensor(n)}), ids(n), kwargs(n))
