@@ -14,11 +14,13 @@ batch 1-64) and ``verify / (T x step)`` (target at batch 256, T = 4: <= 0.5). Wr
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 from pathlib import Path
 
 import torch
+import triton
 
 from replayssm.kernels.delta import delta_replay_decode, delta_replay_verify
 from replayssm.kernels.mamba2 import mamba2_replay_decode, mamba2_replay_verify
@@ -130,10 +132,16 @@ def main(argv=None) -> int:
                                  verify_per_step=round(verify_us / step_us, 3),
                                  verify_per_T_steps=round(verify_us / (T * step_us), 3)))
                 print(json.dumps(rows[-1]), flush=True)
+    meta = dict(date=datetime.date.today().isoformat(),
+                gpu=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (smoke run)",
+                torch=torch.__version__, triton=triton.__version__, L=args.L,
+                command="python examples/benchmarks/bench_verify.py " + " ".join(sys.argv[1:] if argv is None else argv))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "verify.json").write_text(json.dumps(rows, indent=1) + "\n")
-    lines = ["| shape | batch | T | step µs | verify+rollback µs | / step | / (T x step) |", "|---|---|---|---|---|---|---|"]
+    (out / "verify.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
+    lines = [f"{meta['date']} · {meta['gpu']} · torch {meta['torch']} · triton {meta['triton']} · L = {args.L} · "
+             f"`{meta['command']}`", "",
+             "| shape | batch | T | step µs | verify+rollback µs | / step | / (T x step) |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['shape']} | {r['batch']} | {r['T']} | {r['step_us']} | {r['verify_us']} | {r['verify_per_step']} | "
               f"{r['verify_per_T_steps']} |" for r in rows]
     (out / "verify.md").write_text("\n".join(lines) + "\n")

@@ -57,3 +57,20 @@ def test_smoke_run_with_8bit_checkpoints(tmp_path):
     rows = {r["checkpoint"]: r for r in json.loads((out / "kernels.json").read_text())["rows"]}
     assert set(rows["int8"]["us"]) == {"replay"} and "vs_bf16" in rows["int8"]
     assert rows["int8"]["mem_vs"]["bfloat16"] < 1 and rows["float8_e4m3fn"]["mem_vs"]["float32"] < 0.5
+
+
+def test_verify_benchmark_smoke_run(tmp_path):
+    """examples/benchmarks/bench_verify.py --smoke: a plain step and a verify (+ rollback) time for every
+    (shape, T), their ratios, and the run's date / device / versions / command beside the rows."""
+    script = str(ROOT / "examples" / "benchmarks" / "bench_verify.py")
+    proc = subprocess.run([sys.executable, script, "--smoke", "--out", str(tmp_path)], capture_output=True, text=True,
+                          env=ENV, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads((tmp_path / "verify.json").read_text())
+    assert data["meta"]["command"].endswith("--smoke --out " + str(tmp_path)) and data["meta"]["date"]
+    assert [(r["shape"], r["T"]) for r in data["rows"]] == [("smoke-mamba2", 4), ("smoke-mamba2", 5),
+                                                            ("smoke-gdn", 4), ("smoke-gdn", 5)]
+    for r in data["rows"]:
+        assert r["step_us"] > 0 and r["verify_us"] > 0
+        assert abs(r["verify_per_step"] - r["verify_us"] / r["step_us"]) < 1e-2
+    assert "| smoke-gdn | 2 | 5 |" in (tmp_path / "verify.md").read_text()
