@@ -135,15 +135,16 @@ def main(argv=None) -> int:
     meta = dict(date=datetime.date.today().isoformat(),
                 gpu=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (smoke run)",
                 torch=torch.__version__, triton=triton.__version__, L=args.L,
-                command="python examples/benchmarks/bench_verify.py " + " ".join(sys.argv[1:] if argv is None else argv))
+                command=" ".join(["python examples/benchmarks/bench_verify.py", *(sys.argv[1:] if argv is None else argv)]))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "verify.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
     lines = [f"{meta['date']} · {meta['gpu']} · torch {meta['torch']} · triton {meta['triton']} · L = {args.L} · "
              f"`{meta['command']}`", "",
-             "| shape | batch | T | step µs | verify+rollback µs | / step | / (T x step) |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['shape']} | {r['batch']} | {r['T']} | {r['step_us']} | {r['verify_us']} | {r['verify_per_step']} | "
-              f"{r['verify_per_T_steps']} |" for r in rows]
+             "| shape | batch | T | step µs | verify+rollback µs | / step | / (T x step) |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['shape']} | {r['batch']} | {r['T']} | {r['step_us']} | {r['verify_us']} | "
+              f"{r['verify_per_step']} | {r['verify_per_T_steps']} |" for r in rows]
     (out / "verify.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
