@@ -23,6 +23,9 @@ python3 -m pytest -m gpu -q -x $WORKERS ${PYTEST_ARGS:-} tests 2>&1 | tee "$OUT_
 if [ -z "${SKIP_BENCH:-}" ]; then
   python3 examples/benchmarks/bench_kernels.py --out "$OUT_DIR" ${BENCH_ARGS:-} 2>&1 | tee "$OUT_DIR/bench_kernels.log" || rc=1
   python3 examples/benchmarks/bench_verify.py --out "$OUT_DIR" 2>&1 | tee "$OUT_DIR/bench_verify.log" || rc=1
+  # speculative decoding in generate(), batch 1: oracle drafter at several acceptance rates, prompt lookup
+  python3 examples/benchmarks/bench_speculative.py --preset nemotron3-nano-like --out "$OUT_DIR" 2>&1 \
+    | tee "$OUT_DIR/bench_speculative.log" || rc=1
   # whole-model generate() step, stock / eager / CUDA graphs (BENCH_PRESETS="" skips it)
   for p in ${BENCH_PRESETS-nemotron3-nano-like qwen3.5-4b-like kimi-linear-like}; do
     python3 -m replayssm.cli bench --preset "$p" --json "$OUT_DIR/bench_$p.json" --plot "$OUT_DIR/bench_$p.png" 2>&1 \

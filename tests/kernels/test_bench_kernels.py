@@ -74,3 +74,23 @@ def test_verify_benchmark_smoke_run(tmp_path):
         assert r["step_us"] > 0 and r["verify_us"] > 0
         assert abs(r["verify_per_step"] - r["verify_us"] / r["step_us"]) < 1e-2
     assert "| smoke-gdn | 2 | 5 |" in (tmp_path / "verify.md").read_text()
+
+
+def test_speculative_benchmark_smoke_run(tmp_path):
+    """examples/benchmarks/bench_speculative.py --smoke: an oracle drafter at every acceptance rate and
+    prompt lookup reproduce plain greedy decoding; acceptance 1 accepts every draft, 0 none."""
+    script = str(ROOT / "examples" / "benchmarks" / "bench_speculative.py")
+    proc = subprocess.run([sys.executable, script, "--smoke", "--accept", "1,0.5,0", "--out", str(tmp_path)],
+                          capture_output=True, text=True, env=ENV, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads((tmp_path / "speculative.json").read_text())
+    rows = data["rows"]
+    assert [r["mode"] for r in rows] == ["plain, eager"] + ["oracle drafter, 4 per round"] * 3 + [
+        "prompt lookup, repeating prompt"]
+    assert all(r["equal"] and r["tokens_per_s"] > 0 for r in rows)
+    assert [r["accept"] for r in rows[1:4]] == [1.0, 0.5, 0.0]
+    assert rows[1]["acceptance"] == 1.0 and rows[3]["acceptance"] == 0.0 and rows[1]["rounds"] < rows[3]["rounds"]
+    assert data["meta"]["model"] == "tiny:nemotron_h" and "--smoke" in data["meta"]["command"]
+    bad = subprocess.run([sys.executable, script, "--smoke", "--draft", "16"], capture_output=True, text=True,
+                         env=ENV, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--draft must be below --buffer-len" in bad.stderr

@@ -1,0 +1,150 @@
+"""Speculative decoding through ``generate()`` on a patched model, batch 1: tokens/s against plain decoding.
+
+An oracle drafter proposes ``--draft`` tokens per round from the model's own greedy continuation, each
+agreeing with probability ``--accept`` until the first disagreement (1.0: every draft accepted, drafting cost
+zero: the upper bound that isolates verify and rollback). Every run must reproduce plain greedy decoding token
+for token. Beside it: plain decoding eager and with CUDA graphs (where available), and transformers' own
+prompt-lookup mode on a prompt that repeats itself. Writes ``speculative.json`` / ``speculative.md`` to ``--out``.
+
+    python examples/benchmarks/bench_speculative.py --preset nemotron3-nano-like --accept 1,0.75,0.5,0.25,0
+    python examples/benchmarks/bench_speculative.py --smoke      # tiny model, any machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import transformers
+from transformers.generation.candidate_generator import CandidateGenerator
+
+import replayssm
+from replayssm.presets import build_preset
+from replayssm.tiny import build_tiny_model
+
+
+class OracleDrafter(CandidateGenerator):
+    """Drafts from the known greedy continuation; each drafted token agrees with probability ``accept``
+    until the first one that does not (the rest of the round then disagrees too)."""
+
+    def __init__(self, oracle: torch.Tensor, draft: int, accept: float, vocab: int, seed: int = 0):
+        self.oracle, self.draft, self.accept, self.vocab = oracle, draft, accept, vocab
+        self.gen = torch.Generator().manual_seed(seed)
+        self.rounds = self.drafted = self.agreed = 0
+
+    def get_candidates(self, input_ids, **kwargs):
+        cur = input_ids.shape[1]
+        k = min(self.draft, self.oracle.shape[1] - cur - 1)
+        if k <= 0:
+            return input_ids, None
+        agree = 0
+        while agree < k and float(torch.rand((), generator=self.gen)) < self.accept:
+            agree += 1
+        right = self.oracle[0, cur:cur + k].to(input_ids.device)
+        draft = torch.where(torch.arange(k, device=right.device) < agree, right, (right + 1) % self.vocab)
+        self.rounds, self.drafted, self.agreed = self.rounds + 1, self.drafted + k, self.agreed + agree
+        return torch.cat([input_ids, draft[None]], dim=1), None
+
+    def update_candidate_strategy(self, input_ids, scores, num_matches):
+        pass
+
+
+def _timed(fn):
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return out, time.perf_counter() - start
+
+
+def _greedy(model, ids, new, **kw):
+    return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new,
+                          min_new_tokens=new, pad_token_id=0, **kw)
+
+
+def run(model, ids, args) -> list[dict]:
+    new, rows = args.new_tokens, []
+    vocab = model.config.get_text_config().vocab_size
+    for graphs in ([False, True] if ids.is_cuda else [False]):
+        replayssm.patch(model, buffer_len=args.buffer_len, cuda_graphs=graphs)
+        _greedy(model, ids, new)
+        oracle, seconds = _timed(lambda: _greedy(model, ids, new))
+        rows.append(dict(mode="plain, CUDA graphs" if graphs else "plain, eager", accept=None,
+                         tokens_per_s=round(new / seconds, 2), equal=True))
+    replayssm.patch(model, buffer_len=args.buffer_len)
+    for accept in args.accept:
+        drafter = OracleDrafter(oracle, args.draft, accept, vocab)
+        model._get_candidate_generator = lambda *a, **k: drafter  # instance attribute, removed below
+        try:
+            out, seconds = _timed(lambda: _greedy(model, ids, new, prompt_lookup_num_tokens=args.draft))
+        finally:
+            model.__dict__.pop("_get_candidate_generator", None)
+        rows.append(dict(mode=f"oracle drafter, {args.draft} per round", accept=accept,
+                         tokens_per_s=round(new / seconds, 2), rounds=drafter.rounds,
+                         acceptance=round(drafter.agreed / max(drafter.drafted, 1), 3),
+                         equal=bool(torch.equal(out, oracle))))
+    repeating = ids[:, : max(ids.shape[1] // 4, 2)].repeat(1, 4)
+    plain, seconds_plain = _timed(lambda: _greedy(model, repeating, new))
+    out, seconds = _timed(lambda: _greedy(model, repeating, new, prompt_lookup_num_tokens=args.draft))
+    rows.append(dict(mode="prompt lookup, repeating prompt", accept=None, tokens_per_s=round(new / seconds, 2),
+                     plain_tokens_per_s=round(new / seconds_plain, 2), equal=bool(torch.equal(out, plain))))
+    replayssm.unpatch(model)
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="nemotron3-nano-like")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--draft", type=int, default=4)
+    ap.add_argument("--accept", default="1,0.75,0.5,0.25,0", help="comma-separated acceptance probabilities")
+    ap.add_argument("--buffer-len", type=int, default=16)
+    ap.add_argument("--out", default="out/bench")
+    ap.add_argument("--smoke", action="store_true", help="tiny:nemotron_h on this machine, few tokens")
+    args = ap.parse_args(argv)
+    try:
+        args.accept = [float(a) for a in args.accept.split(",")]
+    except ValueError:
+        print(f"bench_speculative.py: --accept takes comma-separated numbers; got {args.accept!r}", file=sys.stderr)
+        return 2
+    if args.draft >= args.buffer_len or not all(0.0 <= a <= 1.0 for a in args.accept):
+        print("bench_speculative.py: --draft must be below --buffer-len and --accept values within [0, 1]",
+              file=sys.stderr)
+        return 2
+    device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
+    if args.smoke:
+        args.new_tokens, args.prompt_len = 24, 8
+        model, name = build_tiny_model("tiny:nemotron_h"), "tiny:nemotron_h"
+    else:
+        model, name = build_preset(args.preset, torch.bfloat16, device), args.preset
+    vocab = model.config.get_text_config().vocab_size
+    ids = torch.randint(3, min(1000, vocab), (1, args.prompt_len), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(device)
+    rows = run(model, ids, args)
+    meta = dict(date=datetime.date.today().isoformat(), model=name,
+                device=torch.cuda.get_device_name() if device == "cuda" else "cpu", torch=torch.__version__,
+                transformers=transformers.__version__, L=args.buffer_len, new_tokens=args.new_tokens,
+                command=" ".join(["python examples/benchmarks/bench_speculative.py",
+                                  *(sys.argv[1:] if argv is None else argv)]))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "speculative.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
+    lines = [f"{meta['date']} · {name} · {meta['device']} · torch {meta['torch']} · transformers "
+             f"{meta['transformers']} · L = {args.buffer_len} · `{meta['command']}`", "",
+             "| mode | acceptance | tokens/s | same tokens as plain greedy |", "|---|---:|---:|---|"]
+    lines += [f"| {r['mode']} | {r.get('acceptance', '')} | {r['tokens_per_s']} | {r['equal']} |" for r in rows]
+    (out / "speculative.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0 if all(r["equal"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
