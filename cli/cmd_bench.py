@@ -28,7 +28,7 @@ def bench_command(
     new_tokens: Optional[int] = typer.Option(None, "--new-tokens", "-n", min=2, metavar="N", show_default=False,
                                              help="N, new tokens per row of the long timed generate(); the step "
                                                   "time is (t(N) - t(n0)) / (N - n0) with n0 = N/5 "
-                                                  "\\[default: 40; --smoke: 20]."),
+                                                  "\\[default: 40; --smoke: 24]."),
     prompt_len: Optional[int] = typer.Option(None, "--prompt-len", min=1, metavar="N", show_default=False,
                                              help="Prompt tokens per row \\[default: 16; --smoke: 8]."),
     dtype: Optional[str] = typer.Option(None, "--dtype", metavar=choices(StateDtype), show_default=False,
@@ -47,7 +47,7 @@ def bench_command(
                                       "(the same with buffer_len=1: per-step kernels)."),
     repeats: Optional[int] = typer.Option(None, "--repeats", min=1, show_default=False,
                                           help="Timed rounds after the warm-up; the median is reported "
-                                               "\\[default: 3; --smoke: 2]."),
+                                               "\\[default: 3]."),
     device: Optional[str] = typer.Option(None, "--device", metavar="DEV", show_default=False,
                                          help="auto, cpu, cuda, cuda:N \\[default: auto; --smoke: cpu]."),
     json_path: Optional[str] = typer.Option(None, "--json", metavar="PATH|-", show_default=False,

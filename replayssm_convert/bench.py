@@ -39,7 +39,7 @@ DTYPES = ("fp32", "bf16", "fp16")
 STATE_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
 DEFAULT_BATCH_SIZES = (1, 8, 64, 256)
 #: what ``--smoke`` changes (each unless given): a tiny CPU run of every code path
-SMOKE = dict(batch_sizes=(1, 2), new_tokens=20, prompt_len=8, dtype="fp32", buffer_len=4, repeats=2,
+SMOKE = dict(batch_sizes=(1, 2), new_tokens=24, prompt_len=8, dtype="fp32", buffer_len=4, repeats=3,
              device="cpu")
 PLOT_HINT = "pip install 'replayssm[bench]'"
 

@@ -66,8 +66,8 @@ def test_smoke_run_writes_the_json(smoke):
     assert data["command"].startswith("replayssm bench tiny:nemotron_h --batch-sizes 1,2 ")
     assert "--buffer-len 4" in data["command"] and "--device cpu" in data["command"]
     s = data["settings"]
-    assert (s["batch_sizes"], s["new_tokens"], s["first_tokens"], s["dtype"], s["repeats"]) == ([1, 2], 20, 4,
-                                                                                                "fp32", 2)
+    assert (s["batch_sizes"], s["new_tokens"], s["first_tokens"], s["dtype"], s["repeats"]) == ([1, 2], 24, 4,
+                                                                                                "fp32", 3)
     assert data["model"]["architecture"] == "NemotronHForCausalLM" and data["model"]["parameters"] > 0
     rows = {(r["batch_size"], r["variant"]): r for r in data["rows"]}
     assert sorted(rows) == sorted((b, v) for b in (1, 2) for v in ("stock", "eager", "graphs", "graphs-per-step"))
@@ -77,7 +77,7 @@ def test_smoke_run_writes_the_json(smoke):
             assert r["status"] == "ok" and r["ms_per_step"] > 0 and r["prefill_ms"] > 0
             assert r["tokens_per_s"] == pytest.approx(b / (r["ms_per_step"] / 1e3))
             assert r["peak_memory_bytes"] is None and r["capture_s"] is None  # no CUDA
-            assert len(r["step_ms_samples"]) == 2
+            assert len(r["step_ms_samples"]) == 3
         assert eager["speedup_vs_stock"] == pytest.approx(stock["ms_per_step"] / eager["ms_per_step"])
         assert stock["speedup_vs_eager"] == pytest.approx(eager["ms_per_step"] / stock["ms_per_step"])
         for v in ("graphs", "graphs-per-step"):
