@@ -73,10 +73,8 @@ def bench_command(
 
       replayssm bench tiny:qwen3_5 --smoke
     """
-    from replayssm.bench import (
-        PLOT_HINT, SMOKE, BenchError, BenchSettings, check_output_path, matplotlib_available, parse_batch_sizes,
-        parse_variants,
-    )
+    from replayssm.bench import SMOKE, BenchError, BenchSettings, parse_batch_sizes, parse_variants
+    from replayssm.bench_output import PLOT_HINT, check_output_path, matplotlib_available
     from replayssm.presets import preset as get_preset
 
     # every check that needs no torch, before importing it
@@ -100,7 +98,8 @@ def bench_command(
                   "without it)", markup=False)
         plot_file = None
 
-    from replayssm.bench import load_model, plot, run_bench
+    from replayssm.bench import load_model, run_bench
+    from replayssm.bench_output import plot, write_atomically
 
     quiet_transformers()
     to_stdout = json_path == "-"
@@ -120,8 +119,6 @@ def bench_command(
     if to_stdout:
         print_json(data)
     elif json_file is not None:
-        from replayssm.bench import write_atomically
-
         write_atomically(json_file, json.dumps(data, indent=2, default=str) + "\n")
         out.print(f"wrote {json_file}", markup=False)
     if plot_file is not None:

@@ -108,10 +108,10 @@ def test_json_to_stdout_keeps_stdout_one_document(smoke):
 
 
 def test_without_matplotlib_the_plot_is_one_line_and_the_table_still_prints(tmp_path, monkeypatch, capsys):
-    import replayssm.bench
+    import replayssm.bench_output
     from replayssm.cli.main import main
 
-    monkeypatch.setattr(replayssm.bench, "matplotlib_available", lambda: False)
+    monkeypatch.setattr(replayssm.bench_output, "matplotlib_available", lambda: False)
     target = tmp_path / "p.png"
     code = main(["bench", "tiny:mamba2", "--smoke", "--batch-sizes", "1", "--variants", "stock", "--plot",
                  str(target)])
