@@ -28,12 +28,13 @@ import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Callable, Sequence
 
+from .config import ModelDtype, StateDtype
 from .errors import ConfigError
 
 VARIANTS = ("stock", "eager", "graphs", "graphs-per-step")
 GRAPH_VARIANTS = ("graphs", "graphs-per-step")
-DTYPES = ("fp32", "bf16", "fp16")
-STATE_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
+DTYPES = tuple(m.value for m in ModelDtype if m is not ModelDtype.AUTO)
+STATE_DTYPES = tuple(m.value for m in StateDtype)
 DEFAULT_BATCH_SIZES = (1, 8, 64, 256)
 #: what ``--smoke`` changes (each unless given): a tiny CPU run of every code path
 SMOKE = dict(batch_sizes=(1, 2), new_tokens=24, prompt_len=8, dtype="fp32", buffer_len=4, repeats=3,

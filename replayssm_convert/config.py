@@ -139,17 +139,22 @@ def parse_state_rounding(value: Any) -> str:
     return key
 
 
-def parse_state_seed(value: Any) -> int:
-    """An integer in [0, 2**32 - 1] (not a bool): the seed of stochastic rounding."""
+def _parse_int(name: str, value: Any, lo: int, hi: int) -> int:
+    """An integer in [lo, hi]: not a bool, not a float (an index-like value)."""
     try:
         if isinstance(value, bool):
             raise TypeError
         n = operator.index(value)
     except TypeError:
-        raise ConfigError(f"state_seed must be an integer in [0, {MAX_STATE_SEED}]; got {value!r}") from None
-    if not 0 <= n <= MAX_STATE_SEED:
-        raise ConfigError(f"state_seed must be in [0, {MAX_STATE_SEED}]; got {n}")
+        raise ConfigError(f"{name} must be an integer in [{lo}, {hi}]; got {value!r}") from None
+    if not lo <= n <= hi:
+        raise ConfigError(f"{name} must be in [{lo}, {hi}]; got {n}")
     return n
+
+
+def parse_state_seed(value: Any) -> int:
+    """An integer in [0, 2**32 - 1] (not a bool): the seed of stochastic rounding."""
+    return _parse_int("state_seed", value, 0, MAX_STATE_SEED)
 
 
 def parse_model_dtype(value: Any) -> str:
@@ -165,15 +170,7 @@ def parse_model_dtype(value: Any) -> str:
 
 def parse_buffer_len(value: Any) -> int:
     """An integer in [1, MAX_BUFFER_LEN] (not a bool, not a float)."""
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        n = operator.index(value)
-    except TypeError:
-        raise ConfigError(f"buffer_len must be an integer in [1, {MAX_BUFFER_LEN}]; got {value!r}") from None
-    if not 1 <= n <= MAX_BUFFER_LEN:
-        raise ConfigError(f"buffer_len must be in [1, {MAX_BUFFER_LEN}]; got {n}")
-    return n
+    return _parse_int("buffer_len", value, 1, MAX_BUFFER_LEN)
 
 
 def parse_strict(value: Any) -> bool:
