@@ -370,9 +370,9 @@ def output_kernel(t, sc, io, lay, NV: tl.constexpr, KDA: tl.constexpr, BK: tl.co
         r += tl.sum(s0 * xk[:, None], axis=0)
         hq += tl.sum(s0 * xq[:, None], axis=0)
     if FMT >= 3:  # int8 / fp8: the column scales multiply the reduced checkpoint reads
-        sc = column_scale(b, h, offs_v, mv, t, io, FMT)
-        r = r * sc
-        hq = hq * sc
+        colsc = column_scale(b, h, offs_v, mv, t, io, FMT)
+        r = r * colsc
+        hq = hq * colsc
     r += tl.sum(ck[:, None] * ub, axis=0)
     hq += tl.sum(cq[:, None] * ub, axis=0)
     u = beta * (vv - r)
