@@ -65,14 +65,16 @@ def profile_steps(model, ids, new: int = 24, top: int = 12) -> dict:
     syncs = sorted(e.time_range.end for e in events if e.name in SYNCS)
     gaps = [launch - max(s for s in syncs if s <= launch) for launch in launches[1:-1]
             if any(s <= launch for s in syncs)]
-    kernels: dict[str, float] = {}
+    kernels: dict[str, list] = {}
     for e in device:
-        kernels[e.name] = kernels.get(e.name, 0.0) + e.time_range.end - e.time_range.start
+        entry = kernels.setdefault(e.name, [0.0, 0])
+        entry[0] += e.time_range.end - e.time_range.start
+        entry[1] += 1
     return {"profiled_step_us": (hi - lo) / steps,
             "device_busy_us": _union((e.time_range.start, e.time_range.end) for e in device) / steps,
             "host_gap_us": sum(gaps) / max(len(gaps), 1), "kernels_per_step": len(device) / steps,
-            "top_us": [(name[:80], round(us / steps, 1))
-                       for name, us in sorted(kernels.items(), key=lambda kv: -kv[1])[:top]]}
+            "top_us_count": [(name[:100], round(us / steps, 1), round(n / steps, 1))
+                             for name, (us, n) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]]}
 
 
 def main(argv=None) -> int:
@@ -80,6 +82,7 @@ def main(argv=None) -> int:
     ap.add_argument("--preset", default="nemotron3-nano-like")
     ap.add_argument("--batches", default="1,256")
     ap.add_argument("--buffer-len", type=int, default=16)
+    ap.add_argument("--top", type=int, default=12, help="how many of the largest kernels to list")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("profile_generate.py: needs a CUDA GPU (CUDA-graph decoding)", file=sys.stderr)
@@ -89,7 +92,7 @@ def main(argv=None) -> int:
     for batch in (int(b) for b in args.batches.split(",")):
         ids = torch.randint(3, 1000, (batch, 8), device="cuda")
         row = {"preset": args.preset, "batch": batch, "step_ms": round(step_ms(model, ids), 3)}
-        print(json.dumps({**row, **profile_steps(model, ids)}), flush=True)
+        print(json.dumps({**row, **profile_steps(model, ids, top=args.top)}), flush=True)
         replayssm.release_graphs(model)
     return 0
 
