@@ -29,7 +29,7 @@ from .base import ReplayMixin, apply_padding_mask
 from .cache_state import ReplayBuffers
 from .fused_norm import gated_norm
 from .kinds import GATED_DELTANET, KDA
-from .quant_state import kernel_args, needs_replay_path, replay_backend
+from .quant_state import kernel_args, needs_replay_path
 
 
 class _DeltaReplayMixin(ReplayMixin):
@@ -62,7 +62,7 @@ class _DeltaReplayMixin(ReplayMixin):
         else:
             scale, rng = kernel_args(t, state)
             o = delta_replay_decode(qn, kn, v, g, beta, state, t["u_buf"], t["k_buf"], t["g_buf"], buffers.cursor,
-                                    state_scale=scale, state_rng=rng, backend=replay_backend(self.replay_options))
+                                    state_scale=scale, state_rng=rng, backend=backend)
         return o[:, None]
 
     def _conv_tokens(self, layer, buffers, mixed, window):

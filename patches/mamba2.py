@@ -25,7 +25,7 @@ from .base import ReplayMixin, apply_padding_mask
 from .cache_state import ReplayBuffers
 from .fused_norm import gated_norm
 from .kinds import MAMBA2
-from .quant_state import kernel_args, needs_replay_path, replay_backend
+from .quant_state import kernel_args, needs_replay_path
 
 
 class ReplayMamba2Mixer(ReplayMixin):
@@ -86,7 +86,7 @@ class ReplayMamba2Mixer(ReplayMixin):
                 y = mamba2_replay_decode(
                     *args, state, t["x_buf"], t["dt_buf"], t["B_buf"], buffers.cursor, A, self.dt_bias, self.D, z,
                     True, arrivals=buffers.extra.get("arrivals"), state_scale=scale, state_rng=rng,
-                    backend=replay_backend(self.replay_options))
+                    backend=backend)
         y = y.reshape(batch, T, H * P)
         if not is_falcon_h1 or getattr(self, "mamba_rms_norm", True):
             y = gated_norm(self.norm, y, gate, backend)

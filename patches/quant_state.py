@@ -71,8 +71,3 @@ def needs_replay_path(options: LayerReplayOptions) -> bool:
     return options.stochastic or (options.state_dtype is not None and is_scaled(options.state_dtype))
 
 
-def replay_backend(options: LayerReplayOptions) -> str:
-    """Backend of a layer's replay step: the PyTorch path for int8 / fp8 or stochastically rounded
-    checkpoints, whose Triton kernels match the reference under the interpreter but have not passed
-    the GPU tests yet (README, Limitations); the layer's backend otherwise."""
-    return "torch" if needs_replay_path(options) else options.backend

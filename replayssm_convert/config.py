@@ -292,13 +292,6 @@ class ReplaySSMConfig:
                               f"got state_dtype={self.state_dtype or 'fp32'!r}")
         object.__setattr__(self, "layers", parse_layers(self.layers))
         object.__setattr__(self, "backend", parse_backend(self.backend))
-        if self.backend == Backend.TRITON.value and (self.state_dtype in ("fp8", "int8")
-                                                     or self.state_rounding == StateRounding.STOCHASTIC.value):
-            raise ConfigError(
-                f"backend='triton' cannot run state_dtype={self.state_dtype!r} with state_rounding="
-                f"{self.state_rounding!r}: the Triton kernels for int8 / fp8 and stochastically rounded checkpoints "
-                "have not passed the GPU tests yet, so such checkpoints run on the PyTorch path",
-                hint="use backend='auto' (or 'torch')")
         object.__setattr__(self, "strict", parse_strict(self.strict))
         if not isinstance(self.cuda_graphs, bool):
             raise ConfigError(f"cuda_graphs must be True or False; got {self.cuda_graphs!r}")

@@ -55,14 +55,17 @@ def generate(model, ids, mask, **kwargs):
 def forced_logits(model, ids, mask, seq):
     """Logits of the next token at every decode step with the tokens of ``seq`` fed in
     (teacher forcing: every variant sees the same inputs). (steps, batch, vocab) fp32."""
+    from replayssm.patches.compat import generate_cache_kwarg
+
     P = ids.shape[1]
+    key = generate_cache_kwarg(model)  # pure Mamba-2 on transformers 5.17 takes and returns cache_params
     out = model(input_ids=ids, attention_mask=mask, use_cache=True)
-    cache = out.past_key_values
+    cache = getattr(out, key, None) or out.past_key_values
     logits = [out.logits[:, -1].float()]
     for t in range(seq.shape[1] - P - 1):
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        out = model(input_ids=seq[:, P + t: P + t + 1], attention_mask=mask, past_key_values=cache, use_cache=True)
-        cache = out.past_key_values
+        out = model(input_ids=seq[:, P + t: P + t + 1], attention_mask=mask, use_cache=True, **{key: cache})
+        cache = getattr(out, key, None) or out.past_key_values
         logits.append(out.logits[:, -1].float())
     return torch.stack(logits)
 
