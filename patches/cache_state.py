@@ -99,10 +99,12 @@ def cache_arrivals(cache, device: torch.device, batch: int) -> torch.Tensor | No
     Stored on the cache object (attribute ``_replayssm_arrivals``); every launch leaves it at zero.
     None for a cache object that takes no attributes (the kernel then uses its per-device counter).
     """
-    attrs = getattr(cache, "__dict__", None)
-    if attrs is None:
+    if not hasattr(cache, "__dict__"):
         return None
-    store = attrs.setdefault(ARRIVALS_ATTR, {})
+    store = getattr(cache, ARRIVALS_ATTR, None)  # getattr / setattr (not __dict__): torch.compile traces them
+    if store is None:
+        store = {}
+        setattr(cache, ARRIVALS_ATTR, store)
     counters = store.get(device)  # torch.device is hashable: no string built on every decode step
     if counters is None or counters.numel() < batch:
         counters = torch.zeros(max(batch, 64), dtype=torch.int32, device=device)

@@ -25,10 +25,13 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from transformers import StoppingCriteriaList
+from transformers.generation.configuration_utils import GenerationMode
 
 from . import compat
 from .cache_state import get_buffers
 from .graph_inputs import StepInputs
+from .launch_ahead import LaunchAhead
 
 logger = logging.getLogger("replayssm")
 
@@ -42,6 +45,8 @@ MIN_LEN = 64
 #: pooled caches (with their graphs) kept per model; the least recently used goes first
 MAX_SLOTS = 4
 _WRAPPED = ("generate", "forward", "prepare_inputs_for_generation")
+#: decoding modes whose loop (transformers' ``_sample``) copies a step's logits before the next step
+_COPYING_MODES = (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE)
 _ASSISTED = ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit", "assistant_tokenizer")
 
 
@@ -74,12 +79,39 @@ class CudaGraph:
     def replay(self) -> None:
         self.graph.replay()
 
+    def replay_ahead(self) -> None:
+        """Replay on the side stream, behind the work queued so far on the current one."""
+        stream = side_stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        if not hasattr(self, "done"):
+            self.done = torch.cuda.Event()
+        with torch.cuda.stream(stream):
+            self.graph.replay()
+            self.done.record(stream)
+
+    def wait_ahead(self) -> None:
+        """Queue the current stream behind the last ``replay_ahead``."""
+        torch.cuda.current_stream().wait_event(self.done)
+
+
+_SIDE_STREAMS: dict[int, "torch.cuda.Stream"] = {}
+
+
+def side_stream() -> "torch.cuda.Stream":
+    """The current device's side stream: one per device for the process (cuBLAS keeps a workspace
+    per stream it has run on, for good)."""
+    device = torch.cuda.current_device()
+    stream = _SIDE_STREAMS.get(device)
+    if stream is None:
+        stream = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    return stream
+
 
 def _side_stream_call(fn):
-    """Run ``fn`` on a side stream (warm-up steps before a capture, as CUDA graphs want)."""
+    """Run ``fn`` on the side stream (warm-up steps before a capture, as CUDA graphs want)."""
     if not torch.cuda.is_available():
         return fn()
-    stream = torch.cuda.Stream()
+    stream = side_stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         result = fn()
@@ -107,13 +139,17 @@ class GraphSlot:
     failed: str | None = None
     last_used: int = 0
     inputs: StepInputs = field(default_factory=StepInputs)
+    share_output: bool = False  # this call's loop copies the logits before the next step (greedy / sampling)
+    ahead: "LaunchAhead | None" = None  # this call's early launch of the next step, where it may run
+    launched_ahead: int = 0
 
     def cache_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in _cache_tensors(self.cache))
 
     def report(self) -> dict:
         return {"batch_size": self.batch_size, "max_len": self.max_len, "captured": self.graph is not None,
-                "captures": self.captures, "capture_s": self.capture_s, "cache_bytes": self.cache_bytes(),
+                "captures": self.captures, "steps_launched_ahead": self.launched_ahead,
+                "capture_s": self.capture_s, "cache_bytes": self.cache_bytes(),
                 "graph_bytes": self.graph_bytes, "memory_bytes": self.cache_bytes() + self.graph_bytes,
                 "fallback": self.failed}
 
@@ -314,13 +350,32 @@ class GraphDecoder:
         slot.cache.reset()
         slot.step = 0
         slot.inputs.new_call()
+        slot.share_output = config.get_generation_mode() in _COPYING_MODES
+        # the early launch leaves one step too many in the cache when EOS ends the loop: only where
+        # the cache stays in the pool (a returned one must hold exactly the generated tokens)
+        slot.ahead = LaunchAhead(slot, need) if (
+            slot.share_output and not config.return_dict_in_generate and len(args) <= 1) else None
+        if slot.ahead is not None:
+            criteria = kwargs.get("stopping_criteria")
+            kwargs["stopping_criteria"] = StoppingCriteriaList([*(criteria or []), slot.ahead])
         self.current = slot
         kwargs[compat.generate_cache_kwarg(self.model)] = slot.cache
         kwargs["disable_compile"] = True
+        inputs_agreed = True
         try:
             result = self._original_generate(*args, **kwargs)
         finally:
             self.current = None
+            if slot.ahead is not None:
+                inputs_agreed = slot.ahead.finish()
+                slot.launched_ahead += slot.ahead.launched
+                slot.ahead = None
+        if not inputs_agreed:
+            from replayssm.errors import GraphDecodeError
+
+            self.slots.remove(slot)
+            raise GraphDecodeError("a decode step launched ahead ran on other inputs than generate() then passed; "
+                                   "the result is discarded", hint="patch the model with cuda_graphs=False and report this")
         if isinstance(result, dict) and any(value is slot.cache for value in result.values()):
             # the caller now holds this cache: never reset it under them, never replay onto it again
             self.slots.remove(slot)
@@ -361,16 +416,22 @@ class GraphDecoder:
     def forward(self, *args, **kwargs):
         slot = self.current
         if slot is None or args or compat.find_cache(kwargs) is not slot.cache or not _single_token(kwargs):
+            if slot is not None and slot.ahead is not None and slot.ahead.pending:
+                slot.ahead.collect(kwargs, same_structure=False)  # raises: the cache is a step ahead
             return self._original_forward(*args, **kwargs)
         slot.step += 1
         signature = _signature(kwargs)
         if slot.failed is not None:
             return self._original_forward(**kwargs)
+        if slot.ahead is not None and slot.ahead.pending:
+            return slot.ahead.collect(kwargs, signature == slot.signature)
         if slot.graph is not None and signature == slot.signature and (
                 slot.step > 2 or _addresses(slot.cache) == slot.addresses):
             _copy_into(slot.static_inputs, kwargs)
             slot.graph.replay()
-            return _fresh_output(slot.static_output)
+            if slot.ahead is not None:
+                slot.ahead.ran_graph()
+            return self._output(slot)
         if slot.step > 1 and slot.warm_signature == signature:
             return self._capture(slot, kwargs, signature)
         slot.warm_signature = signature
@@ -392,7 +453,15 @@ class GraphDecoder:
         slot.graph, slot.signature, slot.static_inputs, slot.static_output = graph, signature, static_inputs, output
         slot.addresses = _addresses(slot.cache)
         slot.captures += 1
-        return _fresh_output(output)
+        if slot.ahead is not None:
+            slot.ahead.ran_graph()
+        return self._output(slot)
+
+    @staticmethod
+    def _output(slot: GraphSlot):
+        """The step's output: the graph's own tensors where the loop copies the logits before the
+        next step (transformers' greedy / sampling loop does, first thing), fresh copies otherwise."""
+        return copy.copy(slot.static_output) if slot.share_output else _fresh_output(slot.static_output)
 
 
 def _single_token(kwargs: dict) -> bool:

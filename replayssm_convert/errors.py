@@ -69,3 +69,8 @@ class RollbackError(ReplaySSMError, RuntimeError):
 
 class VerifyWindowError(ReplaySSMError, ValueError):
     """A multi-token (verify) forward holds more tokens than the ReplaySSM ring can keep."""
+
+
+class GraphDecodeError(ReplaySSMError, RuntimeError):
+    """A CUDA-graph decode step ran on other inputs than ``generate()`` then passed (an internal
+    error: the call's result is discarded rather than returned wrong)."""

@@ -44,6 +44,11 @@ class ReplayByCall:
             if isinstance(value, torch.Tensor):
                 self.output[key].copy_(value)
 
+    replay_ahead = replay  # one stream: the step runs at once
+
+    def wait_ahead(self):
+        pass
+
 
 @pytest.fixture
 def cpu_graphs(monkeypatch):
@@ -81,6 +86,8 @@ def test_graph_decode_equals_eager_patched(family, cpu_graphs):
         decode_steps = kw["max_new_tokens"] - 1  # the first token comes from the prefill
         # first call: step 1 warms up, step 2 is captured (and run), the rest replay; second call: all replay
         assert graph.replays == (decode_steps - 2) + decode_steps
+        # every replay after the one in a call's first graph step was launched from the stopping criterion
+        assert report["steps_launched_ahead"] == (decode_steps - 2) + (decode_steps - 1)
     finally:
         replayssm.unpatch(model)
     assert not hasattr(model, graph_decode.ATTR)
@@ -299,3 +306,52 @@ def test_step_inputs_are_checked_before_they_are_trusted():
         got = bad.prepare(lambda n=n: prepared(n, {"step": torch.tensor(n)}), ids(n), kwargs(n))
         assert same_inputs(got, prepared(n, {"step": torch.tensor(n)}))
     assert bad.trusted is False
+
+
+def test_launch_ahead_stops_at_eos_and_leaves_the_next_call_exact(cpu_graphs):
+    """End-of-sequence ends the loop while a step launched ahead has advanced the pooled cache; the
+    next call starts from a reset cache and is exact again."""
+    model = tiny("qwen3_5")
+    ids, mask = left_padded_batch(seed=9, batch=1)
+    kw = dict(attention_mask=mask, do_sample=False, pad_token_id=0, max_new_tokens=12)
+    try:
+        replayssm.patch(model, buffer_len=4)
+        full = model.generate(ids, min_new_tokens=12, **kw)
+        eos = int(full[0, ids.shape[1] + 6])  # the 7th new token ends the sequence
+        ref = model.generate(ids, eos_token_id=eos, **kw)
+        assert ref.shape[1] == ids.shape[1] + 7
+        replayssm.patch(model, buffer_len=4, cuda_graphs=True)
+        for _ in range(2):
+            assert torch.equal(model.generate(ids, eos_token_id=eos, **kw), ref)
+            assert torch.equal(model.generate(ids, min_new_tokens=12, **kw), full)
+        assert replayssm.graph_report(model)[0]["steps_launched_ahead"] > 0
+    finally:
+        replayssm.unpatch(model)
+
+
+def test_a_step_launched_on_other_inputs_raises(cpu_graphs, monkeypatch):
+    from replayssm.errors import GraphDecodeError
+    from replayssm.patches import launch_ahead
+
+    model = tiny("nemotron_h")
+    ids, mask = left_padded_batch(seed=10, batch=2)
+    kw = dict(attention_mask=mask, do_sample=False, pad_token_id=0, max_new_tokens=8, min_new_tokens=8)
+    original = launch_ahead.LaunchAhead._launch
+
+    def wrong_token(self, input_ids):
+        original(self, input_ids)
+        self.slot.static_inputs["input_ids"].add_(1)  # the graph's inputs are not the loop's next ones
+
+    try:
+        replayssm.patch(model, buffer_len=4, cuda_graphs=True)
+        model.generate(ids, **kw)
+        monkeypatch.setattr(launch_ahead.LaunchAhead, "_launch", wrong_token)
+        with pytest.raises(GraphDecodeError, match="launched ahead"):
+            model.generate(ids, **kw)
+        monkeypatch.setattr(launch_ahead.LaunchAhead, "_launch", original)
+        replayssm.patch(model, buffer_len=4)
+        ref = model.generate(ids, **kw)
+        replayssm.patch(model, buffer_len=4, cuda_graphs=True)
+        assert torch.equal(model.generate(ids, **kw), ref)
+    finally:
+        replayssm.unpatch(model)
