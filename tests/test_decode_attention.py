@@ -1,7 +1,9 @@
-"""The one-token decode attention kernel (Triton interpreter, fp32).
+"""The one-token decode attention kernel (Triton interpreter, fp32) and a patched model's use of it.
 
 The kernel is checked against its reference (sdpa on repeated keys and values) and against a naive
-float64 softmax written here; outputs are allocated NaN-poisoned, so an unwritten element fails.
+float64 softmax written here; outputs are allocated NaN-poisoned, so an unwritten element fails. The
+model tests force the kernel on CPU tensors (it serves only CUDA tensors otherwise) and compare a
+patched model's logits with the stock model's.
 """
 
 import math
@@ -10,8 +12,13 @@ import os
 import pytest
 import torch
 
+import replayssm
 from replayssm.kernels.attention import (DecodeLaunch, decode_attention, decode_attention_reference,
                                          decode_attention_triton, default_launch, unsupported)
+from replayssm.patches import compat
+from replayssm.patches import decode_attention as dispatch
+
+from helpers import generate, left_padded_batch, max_logit_diff, tiny
 
 #: the kernel on CPU tensors (conftest switches the interpreter on where CUDA is absent; GPU: the _gpu file)
 interpreted = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
@@ -126,3 +133,92 @@ def test_refused_inputs_say_why():
         assert reason in unsupported(*args), reason
         with pytest.raises(ValueError, match="decode_attention: expected"):
             decode_attention(*args, None, backend="triton")
+
+
+# ------------------------------------------------------------------ a patched model's attention
+
+def _attention_layers(model):
+    return [m for m in model.modules() if hasattr(m, "num_key_value_groups")]
+
+
+@pytest.fixture
+def forced_kernel(monkeypatch):
+    """Serve CPU tensors with the kernel (the interpreter runs it); returns the list of its calls' shapes."""
+    calls = []
+    kernel = dispatch.decode_attention_triton
+
+    def counted(q, k, v, mask, scale):
+        calls.append((tuple(q.shape), tuple(k.shape), None if mask is None else tuple(mask.shape)))
+        return kernel(q, k, v, mask, scale)
+
+    monkeypatch.setattr(dispatch, "resolve_backend", lambda backend, device: "triton")
+    monkeypatch.setattr(dispatch, "decode_attention_triton", counted)
+    return calls
+
+
+@interpreted
+@pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h", "kimi_linear"])
+def test_patched_generate_runs_the_kernel_and_equals_stock(family, forced_kernel):
+    model = tiny(family)
+    ids, mask = left_padded_batch(seed=11, batch=3, length=7)
+    kw = dict(max_new_tokens=6, min_new_tokens=6)
+    want = generate(model, ids, mask, **kw)
+    try:
+        replayssm.patch(model, buffer_len=4)
+        assert model.config._attn_implementation == compat.GROUPED_SDPA
+        got = generate(model, ids, mask, **kw)
+    finally:
+        replayssm.unpatch(model)
+    assert model.config._attn_implementation == "sdpa"
+    assert torch.equal(got.sequences, want.sequences) and max_logit_diff(got, want) < 1e-5
+    heads = {m.num_key_value_groups * m.config.num_key_value_heads for m in _attention_layers(model)}
+    assert len(forced_kernel) == 5 * len(_attention_layers(model))  # every decode step of every layer, no prefill
+    assert all(q[0] == 3 and q[1] in heads and q[2] == 1 and m == (3, 1, 1, k[2]) for q, k, m in forced_kernel)
+
+
+@interpreted
+def test_graph_decode_static_cache_runs_the_kernel(forced_kernel, monkeypatch):
+    """The CUDA-graph path's static cache (64 positions, most of them masked), with the CPU stand-in
+    for graphs of tests/test_graph_decode.py: same tokens and logits as the stock model."""
+    from test_graph_decode import ReplayByCall
+
+    from replayssm.patches import graph_decode
+
+    monkeypatch.setattr(graph_decode, "CudaGraph", ReplayByCall)
+    monkeypatch.setattr(graph_decode, "cuda_graphs_available", lambda device: True)
+    model = tiny("qwen3_5")
+    ids, mask = left_padded_batch(seed=12, batch=2, length=6)
+    kw = dict(max_new_tokens=5, min_new_tokens=5)
+    want = generate(model, ids, mask, **kw)
+    try:
+        replayssm.patch(model, buffer_len=4, cuda_graphs=True)
+        got = generate(model, ids, mask, **kw)
+    finally:
+        replayssm.unpatch(model)
+    assert torch.equal(got.sequences, want.sequences) and max_logit_diff(got, want) < 1e-5
+    assert forced_kernel and all(k[2] == 64 and m == (2, 1, 1, 64) for _, k, m in forced_kernel)
+
+
+@interpreted
+def test_calls_the_kernel_does_not_serve_run_sdpa(forced_kernel):
+    """Dropout, a sliding window, a softcap, attention sinks, a float mask, several query tokens: sdpa's result."""
+    model = tiny("qwen3_5")
+    (attn,) = _attention_layers(model)
+    q, k, v = inputs(2, 2, 2, 9, 16, 16)
+    mask = torch.ones(2, 1, 1, 9, dtype=torch.bool)
+    mask[1, ..., :4] = False
+    served, _ = compat.grouped_sdpa_attention(attn, q, k, v, mask, scaling=0.25, position_ids=torch.zeros(2, 1),
+                                             use_cache=True, output_router_logits=False, sliding_window=None,
+                                             position_embeddings=(torch.ones(2, 1, 16), torch.zeros(2, 1, 16)))
+    assert len(forced_kernel) == 1
+    torch.testing.assert_close(served, decode_attention_reference(q, k, v, mask, 0.25), rtol=1e-5, atol=1e-6)
+    for extra in (dict(sliding_window=4), dict(softcap=30.0), dict(s_aux=torch.zeros(4))):
+        try:
+            compat.grouped_sdpa_attention(attn, q, k, v, mask, scaling=0.25, **extra)
+        except Exception:
+            pass  # sdpa may refuse it itself; the point is that the kernel did not take it
+    compat.grouped_sdpa_attention(attn, q, k, v, torch.zeros(2, 1, 1, 9), scaling=0.25)
+    compat.grouped_sdpa_attention(attn, torch.cat([q, q], dim=2), k, v, None, scaling=0.25)
+    torch.manual_seed(0)
+    compat.grouped_sdpa_attention(attn, q, k, v, mask, dropout=0.5, scaling=0.25)
+    assert len(forced_kernel) == 1
