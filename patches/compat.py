@@ -85,10 +85,11 @@ def generate_cache_kwarg(model) -> str:
     return next((name for name in CACHE_KWARGS if name in params), "past_key_values")
 
 
-# ---------------------------------------------------------------- grouped-query decode attention
-#: attention implementation that runs a one-token query on the key/value heads directly; 5.24's
-#: own "sdpa" does this (``pack_gqa``), 5.17-5.23 copy the whole KV cache per query head
-#: (``repeat_kv``), which for a static cache costs more than the attention itself
+# ---------------------------------------------------------------- decode attention
+#: attention implementation of a patched model: a one-token query runs the Triton decode kernel where it
+#: serves the call (``decode_attention.kernel_attention``), everything else what "sdpa" runs, except that
+#: on 5.17-5.23 a one-token query runs on the key/value heads directly, as 5.24's own "sdpa" does
+#: (``pack_gqa``), instead of copying the whole KV cache per query head (``repeat_kv``)
 GROUPED_SDPA = "replayssm_grouped_sdpa"
 _SAVED_ATTN = "_replayssm_saved_attn_implementation"
 
@@ -102,14 +103,21 @@ def sdpa_groups_decode_queries() -> bool:
 
 def grouped_sdpa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                            **kwargs):
-    """transformers' ``sdpa`` attention, except that a one-token query (B, H, 1, D) of a grouped-query
-    layer runs as (B, H_kv, H / H_kv, D) against the un-repeated keys and values (B, H_kv, S, D):
-    the same products per query head, without materialising the repeated cache."""
+    """The Triton decode kernel for a one-token query it serves; otherwise transformers' ``sdpa``
+    attention, except that on 5.17-5.23 a one-token query (B, H, 1, D) of a grouped-query layer runs as
+    (B, H_kv, H / H_kv, D) against the un-repeated keys and values (B, H_kv, S, D): the same products
+    per query head, without materialising the repeated cache."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    from .decode_attention import kernel_attention
+
+    out = kernel_attention(query, key, value, attention_mask, dropout, scaling, kwargs)
+    if out is not None:
+        return out, None
     groups = getattr(module, "num_key_value_groups", 1)
     mask = attention_mask
-    if (groups <= 1 or query.shape[2] != 1 or torch.compiler.is_compiling() or kwargs.get("position_bias") is not None
+    if (sdpa_groups_decode_queries() or groups <= 1 or query.shape[2] != 1 or torch.compiler.is_compiling()
+            or kwargs.get("position_bias") is not None
             or (mask is not None and (mask.dim() != 4 or mask.shape[1] != 1))
             or query.shape[1] != key.shape[1] * groups):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
@@ -123,11 +131,11 @@ def grouped_sdpa_attention(module, query, key, value, attention_mask, dropout=0.
 
 def use_grouped_decode_attention(model) -> bool:
     """Switch ``model`` (and the submodels sharing its attention setting) from ``sdpa`` to
-    ``GROUPED_SDPA`` where this transformers needs it; returns whether it switched. Registers the
-    name (with sdpa's mask function) in transformers' attention registries, which are built for
-    extension; no transformers class is changed. ``restore_decode_attention`` undoes it."""
+    ``GROUPED_SDPA``; returns whether it switched. Registers the name (with sdpa's mask function) in
+    transformers' attention registries, which are built for extension; no transformers class is
+    changed. ``restore_decode_attention`` undoes it."""
     config = getattr(model, "config", None)
-    if sdpa_groups_decode_queries() or config is None or getattr(config, "_attn_implementation", None) != "sdpa":
+    if config is None or getattr(config, "_attn_implementation", None) != "sdpa":
         return False
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     from transformers.modeling_utils import AttentionInterface
@@ -143,6 +151,7 @@ def restore_decode_attention(model) -> None:
     saved = model.__dict__.pop(_SAVED_ATTN, None)
     if saved is not None and getattr(model.config, "_attn_implementation", None) == GROUPED_SDPA:
         model.set_attn_implementation(saved)
+
 
 def attention_crop(layer_class: type):
     """The ``crop`` of the attention part of a cache-layer class (the first class in its MRO that

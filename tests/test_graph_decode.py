@@ -203,8 +203,9 @@ def test_indexed_attention_layers_decode_eagerly(family, cpu_graphs, caplog):
 
 @pytest.mark.parametrize("family", ["nemotron_h", "qwen3_5"])
 def test_grouped_decode_attention_equals_sdpa(family, monkeypatch):
-    """Where transformers repeats the KV cache per query head, graph decoding switches to the grouped
-    form: same logits, and the one-token query really runs on the key/value heads."""
+    """A patched model's attention (off CUDA, so without the Triton decode kernel) is sdpa's, except that a
+    one-token query runs on the key/value heads (5.17-5.23 repeat the KV cache per query head, 5.24 not):
+    same logits, and the one-token query really runs on the key/value heads."""
     from replayssm.patches import compat
 
     model = tiny(family)
@@ -216,7 +217,7 @@ def test_grouped_decode_attention_equals_sdpa(family, monkeypatch):
                         lambda q, k, v, **kw: shapes.append((q.shape, k.shape)) or sdpa(q, k, v, **kw))
     switched = compat.use_grouped_decode_attention(model)
     try:
-        assert switched == (not compat.sdpa_groups_decode_queries())
+        assert switched
         got = generate(model, ids, mask, max_new_tokens=6)
     finally:
         compat.restore_decode_attention(model)
@@ -237,8 +238,7 @@ def test_patch_switches_attention_and_norms_and_unpatch_restores(cuda_graphs):
     try:
         fused = [m for m in model.modules() if "_replayssm_rmsnorm_form" in m.__dict__]
         assert fused and all("forward" in m.__dict__ for m in fused)
-        assert model.config._attn_implementation == ("sdpa" if compat.sdpa_groups_decode_queries()
-                                                     else compat.GROUPED_SDPA)
+        assert model.config._attn_implementation == compat.GROUPED_SDPA
     finally:
         replayssm.unpatch(model)
     assert model.config._attn_implementation == "sdpa"
