@@ -1,8 +1,10 @@
 """What a patched model changes outside its SSM layers, to decode faster; numerically the same model.
 
-* Attention: where the installed transformers repeats the KV cache per query head for a one-token
-  query (5.17-5.23), the model runs a grouped-query form of ``sdpa`` instead, as 5.24 does itself
-  (``compat.use_grouped_decode_attention``).
+* Attention: the model's attention implementation becomes a registered form of ``sdpa`` whose
+  one-token queries on CUDA run the Triton decode-attention kernel (``decode_attention``; K/V read
+  once per key/value head, the masked tail of a static cache not read), and otherwise run ``sdpa``
+  on the key/value heads directly where transformers 5.17-5.23 would repeat the KV cache per query
+  head (``compat.use_grouped_decode_attention``).
 * The decoder layers' plain RMSNorms run as one Triton launch each on CUDA tensors, checked
   against the module on their first call (``fused_norm.fuse_decoder_norms``).
 
