@@ -167,3 +167,22 @@ def test_module_path_overhead_is_small():
             unfuse_decode_linears(lin)
     print(f"module path: {plain * 1e6:.2f} µs plain, {wrapped * 1e6:.2f} µs through the wrapper")
     assert wrapped - plain < 20e-6
+
+
+def test_torch_compile_traces_through_the_wrapper():
+    """Under torch.compile the wrapper takes the module's path, in one graph (no break)."""
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    x = torch.randn(2, 16)
+    want = model(x)
+    fuse_decode_linears(model)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    with torch.no_grad():
+        got = torch.compile(model, backend=backend, fullgraph=True)(x)
+    assert torch.equal(got, want) and len(graphs) == 1
+    torch._dynamo.reset()

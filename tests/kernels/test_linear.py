@@ -35,6 +35,23 @@ def assert_matches_fp64(y, x, w, b):
     assert bool((err <= 1e-5 * scale + 1e-30).all()), f"max error {err.max().item()} (scale {scale.max().item()})"
 
 
+#: half a unit in the last place, relative: the most one rounding to the dtype can move a value
+HALF_ULP = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+
+
+def assert_within_rounding(y, x, w, b):
+    """|y - fp32 result| <= one rounding of the fp32 result to y's dtype plus fp32 summation error (1e-5 of
+    sum |x| |w|): what an fp32-accumulating cuBLAS GEMM meets (torch lets cuBLAS reduce split-K partial
+    sums in 16 bits, which can exceed it; its error is shown beside the kernel's)."""
+    ref = F.linear(x.float(), w.float(), None if b is None else b.float())
+    scale = F.linear(x.float().abs(), w.float().abs(), None if b is None else b.float().abs())
+    bound = HALF_ULP[x.dtype] * ref.abs() + 1e-5 * scale
+    assert y.dtype == x.dtype and y.shape == ref.shape
+    excess = {name: ((out.float() - ref).abs() - bound).max().item()
+              for name, out in (("kernel", y), ("cuBLAS", F.linear(x, w, b)))}
+    assert excess["kernel"] <= 0, f"largest error minus bound: {excess}"
+
+
 CASES = [  # (N, K, leading shape of x, config or None for default_config)
     (37, 100, (3,), None),  # N, K not multiples of the tiles; 3 rows on FMAs (fp32)
     (64, 128, (1,), None),
@@ -59,6 +76,19 @@ def test_kernel_matches_f_linear(N, K, lead, cfg, bias, monkeypatch):
     y = linear_small_batch(x, w, b, backend="triton", config=cfg)
     assert y.shape == (*lead, N)
     assert_matches_fp64(y, x, w, b)
+
+
+@needs_triton
+@pytest.mark.parametrize("cfg", [None, LaunchConfig(block_n=4, block_k=32, num_warps=1, split_k=3)])
+def test_fp16_rounds_once(cfg, monkeypatch):
+    """16-bit loads, bias and the one rounding of the fp32 sum (fp16: the interpreter's bf16 rounds
+    differently from the GPU's; tl.dot is not taken at 2 rows)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 100, generator=g).half().to(DEVICE)
+    w = (torch.randn(37, 100, generator=g) / 10).half().to(DEVICE)
+    b = torch.randn(37, generator=g).half().to(DEVICE)
+    _poison_empty(monkeypatch)
+    assert_within_rounding(linear_small_batch(x, w, b, backend="triton", config=cfg), x, w, b)
 
 
 @needs_triton
