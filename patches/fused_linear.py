@@ -4,9 +4,9 @@
 subclass's) an instance ``forward``: a CUDA input of at most ``M_MAX`` rows with a 16-bit weight of
 its dtype runs ``replayssm.kernels.linear.linear_small_batch`` (one read of the weight for all rows;
 cuBLAS's GEMV reaches a fraction of the copy bandwidth on the decode step's small projections);
-anything else (prefill, fp32 models, CPU tensors, autograd, ``torch.compile``) runs the module's
-own forward. fp32 weights keep cuBLAS so that an fp32 model's tokens stay those of the stock model.
-The instance attribute is a ``functools.partial`` of a module-level function, so deep copies and
+anything else (prefill, fp32 models, CPU tensors, autograd, ``torch.compile``, tensor subclasses)
+runs the module's own forward. fp32 weights keep cuBLAS so that an fp32 model's tokens stay those of
+the stock model. The instance attribute is a ``functools.partial`` of a module-level function, so deep copies and
 pickles of a patched model stay self-contained; ``unfuse_decode_linears`` removes exactly those.
 """
 
@@ -22,12 +22,16 @@ from replayssm.kernels.linear import M_MAX, linear_small_batch_triton
 #: devices and weight dtypes whose small-batch calls run the kernel
 KERNEL_DEVICES = ("cuda",)
 KERNEL_WEIGHT_DTYPES = (torch.bfloat16, torch.float16)
+#: tensor types whose memory is what their dtype says (a tensor subclass, e.g. a quantized weight that
+#: reports bf16, keeps the module's path)
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _small_batch_forward(module: torch.nn.Linear, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 (nn.Linear's name)
     x, weight, bias = input, module.weight, module.bias
     if (not torch.compiler.is_compiling() and x.device.type in KERNEL_DEVICES
             and weight.dtype in KERNEL_WEIGHT_DTYPES and x.dtype == weight.dtype and x.dim() >= 1
+            and type(x) is torch.Tensor and type(weight) in _PLAIN and (bias is None or type(bias) in _PLAIN)
             and x.shape[-1] == weight.shape[1] and 0 < x.numel() <= M_MAX * weight.shape[1]
             and weight.stride(-1) == 1 and weight.device == x.device
             and (bias is None or bias.dtype == weight.dtype)

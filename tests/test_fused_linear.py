@@ -128,6 +128,25 @@ def test_forced_kernel_path_matches_the_module(monkeypatch):
         unfuse_decode_linears(model)
 
 
+def test_tensor_subclass_weights_take_the_module_path(monkeypatch):
+    """A weight that is a tensor subclass (e.g. a quantized weight reporting a 16-bit dtype) is not read
+    as plain memory: the module's forward runs."""
+
+    class Wrapped(torch.Tensor):
+        pass
+
+    lin = torch.nn.Linear(8, 4)
+    plain_weight = lin.weight
+    lin.weight = torch.nn.Parameter(lin.weight.detach().as_subclass(Wrapped))
+    fuse_decode_linears(lin)
+    calls = _count_kernel_calls(monkeypatch)
+    _force_kernel_on_cpu_fp32(monkeypatch)
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        assert torch.equal(lin(x).as_subclass(torch.Tensor), torch.nn.functional.linear(x, plain_weight, lin.bias))
+    assert calls == [] and type(lin.weight) is Wrapped
+
+
 def test_deep_copy_of_a_patched_model_owns_its_forwards():
     model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
     fuse_decode_linears(model)
