@@ -13,10 +13,11 @@ pickles of a patched model stay self-contained; ``unfuse_decode_linears`` remove
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
-from replayssm.kernels.backend import resolve_backend
+from replayssm.kernels.backend import ENV_VAR, resolve_backend, triton_available
 from replayssm.kernels.linear import M_MAX, linear_small_batch_triton
 
 #: devices and weight dtypes whose small-batch calls run the kernel
@@ -27,16 +28,24 @@ KERNEL_WEIGHT_DTYPES = (torch.bfloat16, torch.float16)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
+def _triton_allowed(device: torch.device) -> bool:
+    """``resolve_backend("auto", device) == "triton"`` for a device the kernel takes, without its
+    parsing (a few µs a call) when ``REPLAYSSM_BACKEND`` is unset."""
+    if os.environ.get(ENV_VAR) is None:
+        return triton_available()
+    return resolve_backend("auto", device) == "triton"
+
+
 def _small_batch_forward(module: torch.nn.Linear, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 (nn.Linear's name)
-    x, weight, bias = input, module.weight, module.bias
-    if (not torch.compiler.is_compiling() and x.device.type in KERNEL_DEVICES
-            and weight.dtype in KERNEL_WEIGHT_DTYPES and x.dtype == weight.dtype and x.dim() >= 1
+    x, params = input, module._parameters  # (not module.weight: __getattr__ costs a µs or more a call)
+    weight, bias = params.get("weight"), params.get("bias")
+    if (weight is not None and weight.dtype in KERNEL_WEIGHT_DTYPES and x.dtype == weight.dtype
             and type(x) is torch.Tensor and type(weight) in _PLAIN and (bias is None or type(bias) in _PLAIN)
-            and x.shape[-1] == weight.shape[1] and 0 < x.numel() <= M_MAX * weight.shape[1]
-            and weight.stride(-1) == 1 and weight.device == x.device
-            and (bias is None or bias.dtype == weight.dtype)
+            and (bias is None or bias.dtype == weight.dtype) and not torch.compiler.is_compiling()
+            and x.dim() >= 1 and 0 < x.numel() <= M_MAX * weight.shape[1] and x.shape[-1] == weight.shape[1]
+            and x.device.type in KERNEL_DEVICES and weight.device == x.device and weight.stride(-1) == 1
             and not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
-            and resolve_backend("auto", x.device) == "triton"):
+            and _triton_allowed(x.device)):
         return linear_small_batch_triton(x, weight, bias)
     return type(module).forward(module, x)
 

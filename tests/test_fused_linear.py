@@ -45,7 +45,7 @@ def _force_kernel_on_cpu_fp32(monkeypatch):
     monkeypatch.setattr(linear, "num_sms", lambda *device: 4)
     monkeypatch.setattr(fused_linear, "KERNEL_DEVICES", ("cpu",))
     monkeypatch.setattr(fused_linear, "KERNEL_WEIGHT_DTYPES", (torch.float32,))
-    monkeypatch.setattr(fused_linear, "resolve_backend", lambda backend, device: "triton")
+    monkeypatch.delenv("REPLAYSSM_BACKEND", raising=False)
 
 
 def test_fuse_and_unfuse_restore_exactly():
@@ -100,7 +100,8 @@ def test_cpu_tensors_take_the_module_path(monkeypatch):
 @needs_interpreter
 def test_forced_kernel_path_matches_the_module(monkeypatch):
     """Every linear of a forward of 2 x 3 tokens runs the kernel (interpreter, fp32): logits within fp32
-    rounding of the unpatched model's; above M_MAX rows, with autograd, and for other dtypes the module runs."""
+    rounding of the unpatched model's; above M_MAX rows, with autograd, with REPLAYSSM_BACKEND=torch and for
+    other dtypes the module runs."""
     model = tiny("qwen3_5")
     ids = _ids()
     with torch.no_grad():
@@ -121,6 +122,10 @@ def test_forced_kernel_path_matches_the_module(monkeypatch):
         loss.backward()
         assert calls == [] and model.lm_head.weight.grad is not None
         model.zero_grad(set_to_none=True)
+        monkeypatch.setenv("REPLAYSSM_BACKEND", "torch")  # the override is honoured
+        with torch.no_grad():
+            assert torch.equal(model(ids).logits, want) and calls == []
+        monkeypatch.delenv("REPLAYSSM_BACKEND")
         monkeypatch.setattr(fused_linear, "KERNEL_WEIGHT_DTYPES", (torch.bfloat16, torch.float16))
         with torch.no_grad():
             assert torch.equal(model(ids).logits, want) and calls == []  # fp32 weights: the module's path
