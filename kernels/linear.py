@@ -252,9 +252,11 @@ def linear_small_batch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
                        backend: str = "auto", config: LaunchConfig | None = None) -> torch.Tensor:
     """y = x @ weight.T (+ bias) for at most ``M_MAX`` rows of x (see the module notes); dispatches on
     ``backend`` like the decode kernels. ``config`` overrides ``default_config`` (benchmarks, tests)."""
-    if weight.dim() != 2 or x.dim() < 1 or x.shape[-1] != weight.shape[1] or weight.stride(-1) != 1:
-        raise ValueError(f"linear_small_batch expects x (..., K) and weight (N, K) with unit stride along K; got "
-                         f"x {tuple(x.shape)}, weight {tuple(weight.shape)} with strides {tuple(weight.stride())}")
+    if (weight.dim() != 2 or x.dim() < 1 or x.shape[-1] != weight.shape[1] or weight.shape[1] == 0
+            or weight.stride(-1) != 1):
+        raise ValueError(f"linear_small_batch expects x (..., K) and weight (N, K), K >= 1, with unit stride along "
+                         f"K; got x {tuple(x.shape)}, weight {tuple(weight.shape)} with strides "
+                         f"{tuple(weight.stride())}")
     if x.dtype not in _KERNEL_DTYPES or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
         raise ValueError(f"linear_small_batch expects x, weight and bias of one dtype among bf16, fp16, fp32; got "
                          f"{x.dtype}, {weight.dtype}, {None if bias is None else bias.dtype}")

@@ -114,6 +114,7 @@ def test_cpu_path_is_f_linear():
 @pytest.mark.parametrize("args,match", [
     (lambda: (torch.randn(2, 24), torch.randn(8, 23)), "weight \\(N, K\\)"),
     (lambda: (torch.randn(2, 24), torch.randn(24, 8).t()), "unit stride"),
+    (lambda: (torch.randn(2, 0), torch.randn(8, 0)), "K >= 1"),
     (lambda: (torch.randn(2, 24), torch.randn(8, 24).double()), "one dtype"),
     (lambda: (torch.randn(2, 24), torch.randn(8, 24), torch.randn(8).half()), "one dtype"),
     (lambda: (torch.randn(2, 24), torch.randn(8, 24), torch.randn(7)), "bias \\(N,\\)"),
