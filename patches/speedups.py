@@ -7,8 +7,11 @@
   head (``compat.use_grouped_decode_attention``).
 * The decoder layers' plain RMSNorms run as one Triton launch each on CUDA tensors, checked
   against the module on their first call (``fused_norm.fuse_decoder_norms``).
+* The ``nn.Linear`` layers run a weight-streaming Triton GEMV for CUDA inputs of at most 16 rows with
+  16-bit weights, i.e. every decode step up to batch 16 (``fused_linear.fuse_decode_linears``); fp32
+  accumulation like cuBLAS, so outputs differ from its only in the last rounding; fp32 weights keep cuBLAS.
 
-Both are per instance and undone by ``drop_decode_speedups`` (``unpatch``).
+All three are per instance and undone by ``drop_decode_speedups`` (``unpatch``).
 """
 
 from __future__ import annotations
@@ -16,14 +19,17 @@ from __future__ import annotations
 import torch
 
 from . import compat
+from .fused_linear import fuse_decode_linears, unfuse_decode_linears
 from .fused_norm import fuse_decoder_norms, unfuse_decoder_norms
 
 
 def use_decode_speedups(model: torch.nn.Module) -> None:
     compat.use_grouped_decode_attention(model)
     fuse_decoder_norms(model)
+    fuse_decode_linears(model)
 
 
 def drop_decode_speedups(model: torch.nn.Module) -> None:
     compat.restore_decode_attention(model)
     unfuse_decoder_norms(model)
+    unfuse_decode_linears(model)

@@ -1,0 +1,76 @@
+"""The model's linear layers as a weight-streaming Triton GEMV at decode batch sizes.
+
+``fuse_decode_linears(model)`` gives every ``nn.Linear`` of the model (its own ``forward``, not a
+subclass's) an instance ``forward``: a CUDA input of at most ``M_MAX`` rows with a 16-bit weight of
+its dtype runs ``replayssm.kernels.linear.linear_small_batch`` (one read of the weight for all rows;
+cuBLAS's GEMV reaches a fraction of the copy bandwidth on the decode step's small projections);
+anything else (prefill, fp32 models, CPU tensors, autograd, ``torch.compile``, tensor subclasses)
+runs the module's own forward. fp32 weights keep cuBLAS so that an fp32 model's tokens stay those of
+the stock model. The instance attribute is a ``functools.partial`` of a module-level function, so deep copies and
+pickles of a patched model stay self-contained; ``unfuse_decode_linears`` removes exactly those.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from replayssm.kernels.backend import ENV_VAR, resolve_backend, triton_available
+from replayssm.kernels.linear import M_MAX, linear_small_batch_triton
+
+#: devices and weight dtypes whose small-batch calls run the kernel
+KERNEL_DEVICES = ("cuda",)
+KERNEL_WEIGHT_DTYPES = (torch.bfloat16, torch.float16)
+#: tensor types whose memory is what their dtype says (a tensor subclass, e.g. a quantized weight that
+#: reports bf16, keeps the module's path)
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _triton_allowed(device: torch.device) -> bool:
+    """``resolve_backend("auto", device) == "triton"`` for a device the kernel takes, without its
+    parsing (a few µs a call) when ``REPLAYSSM_BACKEND`` is unset."""
+    if os.environ.get(ENV_VAR) is None:
+        return triton_available()
+    return resolve_backend("auto", device) == "triton"
+
+
+def _small_batch_forward(module: torch.nn.Linear, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 (nn.Linear's name)
+    x, params = input, module._parameters  # (not module.weight: __getattr__ costs a µs or more a call)
+    weight, bias = params.get("weight"), params.get("bias")
+    if (weight is not None and weight.dtype in KERNEL_WEIGHT_DTYPES and x.dtype == weight.dtype
+            and type(x) is torch.Tensor and type(weight) in _PLAIN and (bias is None or type(bias) in _PLAIN)
+            and (bias is None or bias.dtype == weight.dtype) and not torch.compiler.is_compiling()
+            and x.dim() >= 1 and 0 < x.numel() <= M_MAX * weight.shape[1] and x.shape[-1] == weight.shape[1]
+            and x.device.type in KERNEL_DEVICES and weight.device == x.device and weight.stride(-1) == 1
+            and not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
+            and _triton_allowed(x.device)):
+        return linear_small_batch_triton(x, weight, bias)
+    return type(module).forward(module, x)
+
+
+def _is_ours(forward) -> bool:
+    return isinstance(forward, functools.partial) and forward.func is _small_batch_forward
+
+
+def fuse_decode_linears(model: torch.nn.Module) -> int:
+    """Route the small-batch calls of every plain ``nn.Linear`` of ``model`` to the GEMV kernel (see
+    the module notes). Modules that already have an instance ``forward`` are left alone. Returns the
+    number of modules rewritten (already rewritten ones included)."""
+    count = 0
+    for module in model.modules():
+        if not isinstance(module, torch.nn.Linear) or type(module).forward is not torch.nn.Linear.forward:
+            continue
+        forward = module.__dict__.get("forward")
+        if forward is None:
+            module.forward = functools.partial(_small_batch_forward, module)
+        count += forward is None or _is_ours(forward)
+    return count
+
+
+def unfuse_decode_linears(model: torch.nn.Module) -> None:
+    """Remove the instance ``forward`` that ``fuse_decode_linears`` set (and no other)."""
+    for module in model.modules():
+        if _is_ours(module.__dict__.get("forward")):
+            del module.__dict__["forward"]

@@ -1,0 +1,66 @@
+"""examples/benchmarks/bench_linear.py (a GPU benchmark): its shape list, sweep candidates, decode-step
+sums and command-line checks, on any machine."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from replayssm.kernels.linear import LaunchConfig, default_config
+
+from test_linear import PRESET_SHAPES
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_linear", ROOT / "examples" / "benchmarks" / "bench_linear.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_preset_shapes_and_counts(bench):
+    """Qwen3.5-4B-like: 24 GDN layers (qkv, z, a, b, out projections), 8 attention layers (q, k, v, o),
+    32 MLPs and the tied lm_head, from the meta-device model."""
+    shapes = bench.preset_linear_shapes("qwen3.5-4b-like")
+    assert shapes == {(8192, 2560): 24 + 8, (4096, 2560): 24, (32, 2560): 48, (2560, 4096): 24 + 8,
+                      (1024, 2560): 16, (9216, 2560): 64, (2560, 9216): 32, (248320, 2560): 1}
+    assert set(shapes) <= set(PRESET_SHAPES)
+
+
+def test_sweep_candidates_start_at_the_default_and_are_distinct(bench):
+    for (N, K), M in ((2560, 9216), 1), ((1024, 2560), 8), ((32, 2560), 2):
+        cands = bench.sweep_candidates(N, K, M, 2, 132)
+        assert cands[0] == default_config(N, K, M, 2, 132) and len(set(cands)) == len(cands) >= 8
+        assert all(isinstance(c, LaunchConfig) for c in cands)
+        assert {c.use_dot for c in cands} == {False, True}  # both product forms are timed
+
+
+def test_step_sums_weigh_each_shape_by_its_count(bench):
+    rows = [{"N": n, "K": k, "M": m, "us": {"cublas": 2.0 * n, "triton": 1.0 * n}}
+            for n, k in ((10, 4), (20, 4)) for m in (1, 8)]
+    sums = bench.step_sums(rows, {"p": {(10, 4): 3, (20, 4): 1}, "missing": {(30, 4): 1}})
+    assert sums == [{"preset": "p", "M": m, "step_us": {"cublas": 100.0, "triton": 50.0}, "speedup": 2.0}
+                    for m in (1, 8)]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--batches", "1,x"], "--batches takes comma-separated integers"),
+    (["--batches", "17"], "at most 16 rows"),
+    (["--presets", "nope"], "--presets: unknown ['nope']"),
+    (["--reps", "0"], "--reps must be positive"),
+])
+def test_bad_input_is_refused_in_one_line(bench, argv, message, capsys):
+    assert bench.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without a GPU")
+def test_without_a_gpu_it_says_so(bench, capsys):
+    assert bench.main([]) == 2 and "needs a CUDA GPU" in capsys.readouterr().err

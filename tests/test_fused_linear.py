@@ -1,0 +1,212 @@
+"""The decode step's linear layers on the small-batch GEMV: per-instance, reversible, and the module's
+own path wherever the kernel does not apply."""
+
+import copy
+import os
+
+import pytest
+import torch
+
+import replayssm
+from replayssm.patches import fused_linear
+from replayssm.patches.fused_linear import fuse_decode_linears, unfuse_decode_linears
+
+from helpers import tiny
+
+needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                       reason="runs the kernel on CPU tensors through Triton's interpreter")
+
+
+def _linears(model):
+    return [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+
+def _ids(batch=2, length=3, seed=0):
+    return torch.randint(3, 500, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def _count_kernel_calls(monkeypatch):
+    calls = []
+    kernel = fused_linear.linear_small_batch_triton
+
+    def counted(x, weight, bias=None):
+        calls.append((tuple(x.shape), weight))
+        return kernel(x, weight, bias)
+
+    monkeypatch.setattr(fused_linear, "linear_small_batch_triton", counted)
+    return calls
+
+
+def _force_kernel_on_cpu_fp32(monkeypatch):
+    """The kernel path for CPU tensors and fp32 weights (Triton's interpreter runs it), launched as for
+    a device of 4 multiprocessors (larger tiles: fewer programs to interpret)."""
+    from replayssm.kernels import linear
+
+    monkeypatch.setattr(linear, "num_sms", lambda *device: 4)
+    monkeypatch.setattr(fused_linear, "KERNEL_DEVICES", ("cpu",))
+    monkeypatch.setattr(fused_linear, "KERNEL_WEIGHT_DTYPES", (torch.float32,))
+    monkeypatch.delenv("REPLAYSSM_BACKEND", raising=False)
+
+
+def test_fuse_and_unfuse_restore_exactly():
+    model = tiny("qwen3_5")
+    before = {name: dict(m.__dict__) for name, m in model.named_modules()}
+    linears = _linears(model)
+    assert len(linears) > 20 and fuse_decode_linears(model) == len(linears)
+    assert fuse_decode_linears(model) == len(linears)  # again: nothing wrapped twice
+    for m in linears:
+        forward = m.__dict__["forward"]
+        assert forward.func is fused_linear._small_batch_forward and forward.args == (m,)
+    assert "forward" not in model.get_input_embeddings().__dict__
+    assert type(model.lm_head) is torch.nn.Linear and "forward" in model.lm_head.__dict__
+    unfuse_decode_linears(model)
+    after = {name: dict(m.__dict__) for name, m in model.named_modules()}
+    assert after.keys() == before.keys()
+    for name, attrs in before.items():
+        assert after[name].keys() == attrs.keys(), name
+        assert all(after[name][k] is v for k, v in attrs.items()), name
+
+
+def test_other_forwards_are_left_alone():
+    """A Linear whose forward is already an instance attribute (another wrapper), or a subclass with its
+    own forward, is not rewritten, and unfusing keeps the other wrapper."""
+
+    class Scaled(torch.nn.Linear):
+        def forward(self, input):
+            return 2 * super().forward(input)
+
+    wrapped, sub, plain = torch.nn.Linear(4, 3), Scaled(4, 3), torch.nn.Linear(4, 3)
+    other = wrapped.forward = lambda x: x
+    model = torch.nn.ModuleList([wrapped, sub, plain])
+    assert fuse_decode_linears(model) == 1 and "forward" in plain.__dict__ and "forward" not in sub.__dict__
+    unfuse_decode_linears(model)
+    assert wrapped.__dict__["forward"] is other and "forward" not in plain.__dict__
+
+
+@torch.no_grad()
+def test_cpu_tensors_take_the_module_path(monkeypatch):
+    model = tiny("qwen3_5")
+    want = model(_ids()).logits
+    calls = _count_kernel_calls(monkeypatch)
+    replayssm.patch(model, buffer_len=4)
+    try:
+        assert all(fused_linear._is_ours(m.__dict__.get("forward")) for m in _linears(model))
+        assert torch.equal(model(_ids()).logits, want) and calls == []
+    finally:
+        replayssm.unpatch(model)
+    assert not any("forward" in m.__dict__ for m in _linears(model))
+
+
+@needs_interpreter
+def test_forced_kernel_path_matches_the_module(monkeypatch):
+    """Every linear of a forward of 2 x 3 tokens runs the kernel (interpreter, fp32): logits within fp32
+    rounding of the unpatched model's; above M_MAX rows, with autograd, with REPLAYSSM_BACKEND=torch and for
+    other dtypes the module runs."""
+    model = tiny("qwen3_5")
+    ids = _ids()
+    with torch.no_grad():
+        want = model(ids).logits
+    fuse_decode_linears(model)
+    try:
+        calls = _count_kernel_calls(monkeypatch)
+        _force_kernel_on_cpu_fp32(monkeypatch)
+        with torch.no_grad():
+            got = model(ids).logits
+        assert {id(w) for _, w in calls} == {id(m.weight) for m in _linears(model)}
+        assert all(shape[:-1] == (2, 3) for shape, _ in calls)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+        calls.clear()
+        with torch.no_grad():  # 18 rows: more than M_MAX
+            model(_ids(batch=6, length=3))
+        loss = model(ids).logits.square().mean()  # autograd: the module's forward, gradients flow
+        loss.backward()
+        assert calls == [] and model.lm_head.weight.grad is not None
+        model.zero_grad(set_to_none=True)
+        monkeypatch.setenv("REPLAYSSM_BACKEND", "torch")  # the override is honoured
+        with torch.no_grad():
+            assert torch.equal(model(ids).logits, want) and calls == []
+        monkeypatch.delenv("REPLAYSSM_BACKEND")
+        monkeypatch.setattr(fused_linear, "KERNEL_WEIGHT_DTYPES", (torch.bfloat16, torch.float16))
+        with torch.no_grad():
+            assert torch.equal(model(ids).logits, want) and calls == []  # fp32 weights: the module's path
+    finally:
+        unfuse_decode_linears(model)
+
+
+def test_tensor_subclass_weights_take_the_module_path(monkeypatch):
+    """A weight that is a tensor subclass (e.g. a quantized weight reporting a 16-bit dtype) is not read
+    as plain memory: the module's forward runs."""
+
+    class Wrapped(torch.Tensor):
+        pass
+
+    lin = torch.nn.Linear(8, 4)
+    plain_weight = lin.weight
+    lin.weight = torch.nn.Parameter(lin.weight.detach().as_subclass(Wrapped))
+    fuse_decode_linears(lin)
+    calls = _count_kernel_calls(monkeypatch)
+    _force_kernel_on_cpu_fp32(monkeypatch)
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        assert torch.equal(lin(x).as_subclass(torch.Tensor), torch.nn.functional.linear(x, plain_weight, lin.bias))
+    assert calls == [] and type(lin.weight) is Wrapped
+
+
+def test_deep_copy_of_a_patched_model_owns_its_forwards():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    fuse_decode_linears(model)
+    twin = copy.deepcopy(model)
+    for mine, theirs in zip(_linears(model), _linears(twin)):
+        assert theirs.__dict__["forward"].args[0] is theirs and mine.__dict__["forward"].args[0] is mine
+    with torch.no_grad():
+        twin[0].weight.zero_()
+        twin[0].bias.zero_()
+    x = torch.randn(3, 8)
+    assert torch.equal(twin[0](x), torch.zeros(3, 4)) and not torch.equal(model[0](x), torch.zeros(3, 4))
+
+
+def test_module_path_overhead_is_small():
+    """The wrapper's decision costs a few µs a call (the bound is loose for shared CI machines; the
+    figure on an idle core is printed)."""
+    import time
+
+    lin = torch.nn.Linear(64, 64)
+    x = torch.randn(1, 64)
+
+    def per_call():
+        best = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(2000):
+                lin(x)
+            best = min(best, (time.perf_counter() - start) / 2000)
+        return best
+
+    with torch.no_grad():
+        plain = per_call()
+        fuse_decode_linears(lin)
+        try:
+            wrapped = per_call()
+        finally:
+            unfuse_decode_linears(lin)
+    print(f"module path: {plain * 1e6:.2f} µs plain, {wrapped * 1e6:.2f} µs through the wrapper")
+    assert wrapped - plain < 20e-6
+
+
+def test_torch_compile_traces_through_the_wrapper():
+    """Under torch.compile the wrapper takes the module's path, in one graph (no break)."""
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    x = torch.randn(2, 16)
+    want = model(x)
+    fuse_decode_linears(model)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    with torch.no_grad():
+        got = torch.compile(model, backend=backend, fullgraph=True)(x)
+    assert torch.equal(got, want) and len(graphs) == 1
+    torch._dynamo.reset()
