@@ -7,9 +7,10 @@
   head (``compat.use_grouped_decode_attention``).
 * The decoder layers' plain RMSNorms run as one Triton launch each on CUDA tensors, checked
   against the module on their first call (``fused_norm.fuse_decoder_norms``).
-* The ``nn.Linear`` layers run a weight-streaming Triton GEMV for CUDA inputs of at most 16 rows with
-  16-bit weights, i.e. every decode step up to batch 16 (``fused_linear.fuse_decode_linears``); fp32
-  accumulation like cuBLAS, so outputs differ from its only in the last rounding; fp32 weights keep cuBLAS.
+* The ``nn.Linear`` layers run a weight-streaming Triton GEMV for one-row CUDA inputs with 16-bit
+  weights inside a CUDA-graph capture, i.e. the captured step of a batch-1 graph decode
+  (``fused_linear.fuse_decode_linears``); fp32 accumulation like cuBLAS, so outputs differ from its
+  only in the last rounding; fp32 weights keep cuBLAS.
 
 All three are per instance and undone by ``drop_decode_speedups`` (``unpatch``).
 """

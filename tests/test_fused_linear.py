@@ -45,6 +45,8 @@ def _force_kernel_on_cpu_fp32(monkeypatch):
     monkeypatch.setattr(linear, "num_sms", lambda *device: 4)
     monkeypatch.setattr(fused_linear, "KERNEL_DEVICES", ("cpu",))
     monkeypatch.setattr(fused_linear, "KERNEL_WEIGHT_DTYPES", (torch.float32,))
+    monkeypatch.setattr(fused_linear, "DECODE_ROWS", 16)
+    monkeypatch.setattr(fused_linear, "_capturing", lambda: True)
     monkeypatch.delenv("REPLAYSSM_BACKEND", raising=False)
 
 
@@ -100,7 +102,7 @@ def test_cpu_tensors_take_the_module_path(monkeypatch):
 @needs_interpreter
 def test_forced_kernel_path_matches_the_module(monkeypatch):
     """Every linear of a forward of 2 x 3 tokens runs the kernel (interpreter, fp32): logits within fp32
-    rounding of the unpatched model's; above M_MAX rows, with autograd, with REPLAYSSM_BACKEND=torch and for
+    rounding of the unpatched model's; above the rows it takes, with autograd, with REPLAYSSM_BACKEND=torch and for
     other dtypes the module runs."""
     model = tiny("qwen3_5")
     ids = _ids()
@@ -116,7 +118,7 @@ def test_forced_kernel_path_matches_the_module(monkeypatch):
         assert all(shape[:-1] == (2, 3) for shape, _ in calls)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
         calls.clear()
-        with torch.no_grad():  # 18 rows: more than M_MAX
+        with torch.no_grad():  # 18 rows: more than the rows the kernel takes
             model(_ids(batch=6, length=3))
         loss = model(ids).logits.square().mean()  # autograd: the module's forward, gradients flow
         loss.backward()
@@ -210,3 +212,23 @@ def test_torch_compile_traces_through_the_wrapper():
         got = torch.compile(model, backend=backend, fullgraph=True)(x)
     assert torch.equal(got, want) and len(graphs) == 1
     torch._dynamo.reset()
+
+
+def test_outside_a_capture_and_above_one_row_the_module_runs(monkeypatch):
+    """The kernel runs only for one-row calls inside a CUDA-graph capture (eager launches cost more host
+    time than cuBLAS's; more rows were slower than cuBLAS); everything else is the module's forward."""
+    lin = torch.nn.Linear(24, 20)
+    fuse_decode_linears(lin)
+    calls = _count_kernel_calls(monkeypatch)
+    _force_kernel_on_cpu_fp32(monkeypatch)
+    monkeypatch.setattr(fused_linear, "DECODE_ROWS", 1)
+    x1, x2 = torch.randn(1, 24), torch.randn(2, 24)
+    with torch.no_grad():
+        monkeypatch.setattr(fused_linear, "_capturing", lambda: False)
+        lin(x1)
+        assert calls == []
+        monkeypatch.setattr(fused_linear, "_capturing", lambda: True)
+        lin(x2)
+        assert calls == []
+        torch.testing.assert_close(lin(x1), torch.nn.functional.linear(x1, lin.weight, lin.bias))
+        assert len(calls) == 1
