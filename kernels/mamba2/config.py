@@ -176,11 +176,12 @@ def verify_config(Bt: int, H: int, P: int, N: int, G: int, n_sm: int) -> VerifyC
     HPG = H // G
     # one state tile per head up to N = 256, as in the replay decode
     block_n = max(16, min(pow2(N), 256)) if N <= 256 else 128
-    # 16 lanes up to batch 4 (more programs for a latency-bound launch), else 32 (16 KB fp32 tiles)
-    block_p = 16 if Bt <= 4 else max(16, min(pow2(P), 32))
+    # 16 lanes: every warp of the C . S0 product holds the whole C tile, so wider lane blocks add
+    # registers per program without saving any (and P = 80 splits evenly)
+    block_p = 16
     n_pb = triton.cdiv(P, block_p)
-    # ~8 programs per SM, at most 8 heads of a group: the replay decode's split
+    # ~8 programs per SM, at most 8 heads of a group of 16+: the replay decode's split
     hc = max(1, min(HPG if HPG < 16 else 8, (Bt * G * n_pb * HPG) // (8 * n_sm)))
-    # 4 warps: the three products are tl.dot tiles of 16+ rows
+    # 4 warps: each holds a quarter of the checkpoint tile, which they load in parallel
     hc = program_split(VerifyConfig(block_p, hc, block_n, 4), H, P, G)[0]
     return VerifyConfig(block_p, hc, block_n, 4)

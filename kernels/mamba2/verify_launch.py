@@ -31,7 +31,7 @@ def verify_flags(cfg: VerifyConfig, N: int, L: int, T: int, G: int, H: int, *, h
         HAS_DT_BIAS=has_dt_bias, HAS_D=has_D, HAS_Z=has_z, DT_SOFTPLUS=bool(dt_softplus), ZERO_IDLE=bool(zero_idle),
         ON_CURSOR=on_cursor, LOWP_S0C=lowp_s0c, LOWP_BC=lowp_bc, DOT_PREC=dot_precision(cfg.dot_precision),
         BLOCK_P=cfg.block_p, BLOCK_N=min(cfg.block_n, max(16, pow2(N))), BLOCK_L=max(16, pow2(L)),
-        BLOCK_T=max(16, pow2(T)), BLOCK_TA=pow2(T), BLOCK_G=pow2(G), BLOCK_H=pow2(H)))
+        BLOCK_T=max(8, pow2(T)), BLOCK_TA=pow2(T), BLOCK_G=pow2(G), BLOCK_H=pow2(H)))
 
 
 def launch_verify(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, dt_softplus, out,
