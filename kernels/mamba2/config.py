@@ -172,7 +172,9 @@ class VerifyConfig:
 
 @functools.lru_cache(maxsize=1024)
 def verify_config(Bt: int, H: int, P: int, N: int, G: int, n_sm: int) -> VerifyConfig:
-    """The verify launch for ``Bt`` rows of a layer (H, P, N, G) on ``n_sm`` multiprocessors."""
+    """The verify launch for ``Bt`` rows of a layer (H, P, N, G) on ``n_sm`` multiprocessors. Not yet
+    timed on a GPU (``examples/benchmarks/bench_verify.py``): the rules carry the replay decode's over
+    where they apply and otherwise follow the program's register count compiled for sm_90."""
     HPG = H // G
     # one state tile per head up to N = 256, as in the replay decode
     block_n = max(16, min(pow2(N), 256)) if N <= 256 else 128

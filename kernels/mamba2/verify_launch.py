@@ -31,7 +31,7 @@ def verify_flags(cfg: VerifyConfig, N: int, L: int, T: int, G: int, H: int, *, h
         HAS_DT_BIAS=has_dt_bias, HAS_D=has_D, HAS_Z=has_z, DT_SOFTPLUS=bool(dt_softplus), ZERO_IDLE=bool(zero_idle),
         ON_CURSOR=on_cursor, LOWP_S0C=lowp_s0c, LOWP_BC=lowp_bc, DOT_PREC=dot_precision(cfg.dot_precision),
         BLOCK_P=cfg.block_p, BLOCK_N=min(cfg.block_n, max(16, pow2(N))), BLOCK_L=max(16, pow2(L)),
-        BLOCK_T=max(8, pow2(T)), BLOCK_TA=pow2(T), BLOCK_G=pow2(G), BLOCK_H=pow2(H)))
+        BLOCK_T=max(8, pow2(T)), BLOCK_G=pow2(G), BLOCK_H=pow2(H)))
 
 
 def launch_verify(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, dt_softplus, out,
@@ -51,10 +51,10 @@ def launch_verify(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, 
     t = Tensors(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias if dt_bias is not None else x,
                 D if D is not None else x, z if z is not None else x, out,
                 cursor if on_cursor else _arrival_counter(x.device, Bt))
-    io = IoStrides(*x.stride(), *dt.stride(), *B.stride(), *C.stride(), cursor.stride(0), A.stride(0),
+    io = IoStrides(T, *x.stride(), *dt.stride(), *B.stride(), *C.stride(), cursor.stride(0), A.stride(0),
                    dt_bias.stride(0) if dt_bias is not None else 0, D.stride(0) if D is not None else 0,
                    *(z.stride() if z is not None else (0, 0, 0, 0)), *out.stride())
-    lay = Layout(P, N, L, T, G, H, H // G, HC, n_hc, n_pb, *state.stride(), *x_buf.stride(), *dt_buf.stride(),
+    lay = Layout(P, N, L, G, H, H // G, HC, n_hc, n_pb, *state.stride(), *x_buf.stride(), *dt_buf.stride(),
                  *B_buf.stride())
     flags = verify_flags(cfg, N, L, T, G, H, has_dt_bias=dt_bias is not None, has_D=D is not None,
                          has_z=z is not None, dt_softplus=dt_softplus, zero_idle=zero_idle, on_cursor=on_cursor,

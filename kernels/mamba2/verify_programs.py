@@ -37,17 +37,19 @@ from .programs import _head_constants, _process_dt
 #: the tensors of a verify launch (optional ones replaced by ``x``, with zero strides; ``arrivals``
 #: by ``cursor`` when the cursor word counts the arrivals)
 Tensors = namedtuple("Tensors", "x dt B C state x_buf dt_buf B_buf cursor A dt_bias D z out arrivals")
-#: strides of the per-step inputs and the output (runtime arguments); ``_t``: the window token
-IoStrides = namedtuple("IoStrides", "x_b x_t x_h x_p dt_b dt_t dt_h B_b B_t B_g B_n C_b C_t C_g C_n cur A dt_bias "
-                                    "D z_b z_t z_h z_p out_b out_t out_h out_p")
-#: sizes, program split, window length and the checkpoint / ring strides (compiled in)
-Layout = namedtuple("Layout", "P N L T G H HPG HC n_hc n_pb s_b s_h s_p s_n xb_b xb_h xb_l xb_p db_b db_h db_l "
+#: the window length T and the strides of the per-step inputs and the output (``_t``: the window
+#: token), runtime arguments: a speculative run verifies windows of many lengths, and every T that
+#: rounds up to the same BLOCK_T shares one compiled program
+IoStrides = namedtuple("IoStrides", "T x_b x_t x_h x_p dt_b dt_t dt_h B_b B_t B_g B_n C_b C_t C_g C_n cur A "
+                                    "dt_bias D z_b z_t z_h z_p out_b out_t out_h out_p")
+#: sizes, program split and the checkpoint / ring strides (compiled in)
+Layout = namedtuple("Layout", "P N L G H HPG HC n_hc n_pb s_b s_h s_p s_n xb_b xb_h xb_l xb_p db_b db_h db_l "
                               "Bb_b Bb_g Bb_l Bb_n")
 #: compile-time switches and block sizes (``verify_launch.verify_flags``). LOWP_S0C / LOWP_BC: the
 #: ``C . S0`` / ``C . B`` products on 16-bit operands of one dtype (exact products, fp32 sums);
-#: otherwise on fp32 operands at DOT_PREC. BLOCK_TA: T rounded up to a power of two (shared appends)
+#: otherwise on fp32 operands at DOT_PREC. BLOCK_T: T rounded up to a power of two, at least 8
 Flags = namedtuple("Flags", "HAS_DT_BIAS HAS_D HAS_Z DT_SOFTPLUS ZERO_IDLE ON_CURSOR LOWP_S0C LOWP_BC DOT_PREC "
-                            "BLOCK_P BLOCK_N BLOCK_L BLOCK_T BLOCK_TA BLOCK_G BLOCK_H")
+                            "BLOCK_P BLOCK_N BLOCK_L BLOCK_T BLOCK_G BLOCK_H")
 
 
 @triton.jit
@@ -93,7 +95,7 @@ def _window_loads(b, h, s, win_l, rem, offs_p, mask_p, t, io, lay, k):
     offs_t = tl.arange(0, k.BLOCK_T)
     tw = offs_l - s  # window token of each slot
     okl = win_l & ((tl.zeros([k.BLOCK_L], dtype=tl.int32) + rem) > 0)
-    okt = (offs_t < lay.T) & ((tl.zeros([k.BLOCK_T], dtype=tl.int32) + rem) > 0)
+    okt = (offs_t < io.T) & ((tl.zeros([k.BLOCK_T], dtype=tl.int32) + rem) > 0)
     dr = tl.load(t.dt + b * io.dt_b + tw * io.dt_t + h * io.dt_h, mask=okl, other=0.0)
     xin = tl.load(t.x + b * io.x_b + tw[:, None] * io.x_t + h * io.x_h + offs_p[None, :] * io.x_p,
                   mask=okl[:, None] & mask_p[None, :], other=0.0)
@@ -120,7 +122,7 @@ def _window_C(b, g, nn, t, io, lay, k):
     """The window tokens' C (BLOCK_T, BLOCK_N) over the state tile ``nn``."""
     offs_t = tl.arange(0, k.BLOCK_T)
     return tl.load(t.C + b * io.C_b + g * io.C_g + offs_t[:, None] * io.C_t + nn[None, :] * io.C_n,
-                   mask=(offs_t < lay.T)[:, None] & (nn < lay.N)[None, :], other=0.0)
+                   mask=(offs_t < io.T)[:, None] & (nn < lay.N)[None, :], other=0.0)
 
 
 @triton.jit
@@ -195,7 +197,7 @@ def _head_outputs(b, h, s, flush, pb, s0c, bc, xr, dtr, wl, dtb, dco, a_h, offs_
     if k.HAS_Z:
         y = y * (zv * tl.sigmoid(zv))
     tl.store(t.out + b * io.out_b + offs_t[:, None] * io.out_t + h * io.out_h + offs_p[None, :] * io.out_p,
-             y.to(t.out.dtype.element_ty), mask=(offs_t < lay.T)[:, None] & mask_p[None, :])
+             y.to(t.out.dtype.element_ty), mask=(offs_t < io.T)[:, None] & mask_p[None, :])
     if flush:  # the fold read this head's x at these slots (other threads' loads): all returned first
         tl.debug_barrier()
     xb = t.x_buf + b * lay.xb_b + h * lay.xb_h
@@ -209,23 +211,23 @@ def _head_outputs(b, h, s, flush, pb, s0c, bc, xr, dtr, wl, dtb, dco, a_h, offs_
 def _shared_appends(b, t, io, lay, k):
     """A flushing row's window dt (every head) and B (every group) at slots ``0 .. T-1``, by the row's
     last program (the others have read the slots they overwrite)."""
-    offs_ta = tl.arange(0, k.BLOCK_TA)
-    mt = offs_ta < lay.T
+    offs_t = tl.arange(0, k.BLOCK_T)
+    mt = offs_t < io.T
     offs_h = tl.arange(0, k.BLOCK_H)
     mh = offs_h < lay.H
-    dr = tl.load(t.dt + b * io.dt_b + offs_ta[:, None] * io.dt_t + offs_h[None, :] * io.dt_h,
+    dr = tl.load(t.dt + b * io.dt_b + offs_t[:, None] * io.dt_t + offs_h[None, :] * io.dt_h,
                  mask=mt[:, None] & mh[None, :], other=0.0)
     dtb = 0.0
     if k.HAS_DT_BIAS:
         dtb = tl.load(t.dt_bias + offs_h * io.dt_bias, mask=mh, other=0.0).to(tl.float32)[None, :]
     d = _process_dt(dr, dtb, k)
-    tl.store(t.dt_buf + b * lay.db_b + offs_h[None, :] * lay.db_h + offs_ta[:, None] * lay.db_l,
+    tl.store(t.dt_buf + b * lay.db_b + offs_h[None, :] * lay.db_h + offs_t[:, None] * lay.db_l,
              d.to(t.dt_buf.dtype.element_ty), mask=mt[:, None] & mh[None, :])
     # B: rows (group, token) of one tile
-    offs_r = tl.arange(0, k.BLOCK_G * k.BLOCK_TA)
-    gg = offs_r // k.BLOCK_TA
-    tt = offs_r % k.BLOCK_TA
-    mr = (gg < lay.G) & (tt < lay.T)
+    offs_r = tl.arange(0, k.BLOCK_G * k.BLOCK_T)
+    gg = offs_r // k.BLOCK_T
+    tt = offs_r % k.BLOCK_T
+    mr = (gg < lay.G) & (tt < io.T)
     offs_n = tl.arange(0, k.BLOCK_N)
     for n0 in range(0, lay.N, k.BLOCK_N):
         nn = n0 + offs_n
@@ -270,14 +272,14 @@ def _verify_program(t, io, lay, k):
             for i in range(0, nh):
                 tl.store(t.out + b * io.out_b + offs_t[:, None] * io.out_t + (h0 + i) * io.out_h
                          + offs_p[None, :] * io.out_p, tl.zeros([k.BLOCK_T, k.BLOCK_P], t.out.dtype.element_ty),
-                         mask=(offs_t < lay.T)[:, None] & mask_p[None, :])
+                         mask=(offs_t < io.T)[:, None] & mask_p[None, :])
         return
 
-    flush = c + lay.T > lay.L
+    flush = c + io.T > lay.L
     s = tl.where(flush, 0, c)  # the window's first slot
     ring_l = offs_l < c  # ring entries read (all of them: the fold's, or the history's)
     hist_l = offs_l < s  # ring entries the outputs see
-    win_l = (offs_l >= s) & (offs_l < s + lay.T)
+    win_l = (offs_l >= s) & (offs_l < s + io.T)
     wl_t = _window_loads(b, h0, s, win_l, 1, offs_p, mask_p, t, io, lay, k)
     bc = _window_BC(b, g, s, (hc == 0) & (pb == 0) & (flush == 0), br0, ct0, offs_l, hist_l, win_l, t, io, lay, k)
 
@@ -318,7 +320,7 @@ def _verify_program(t, io, lay, k):
     if arrived == lay.G * lay.n_hc * lay.n_pb - 1:
         if flush:
             _shared_appends(b, t, io, lay, k)
-        tl.store(cur_ptr, (s + lay.T).to(t.cursor.dtype.element_ty))
+        tl.store(cur_ptr, (s + io.T).to(t.cursor.dtype.element_ty))
         if not k.ON_CURSOR:
             tl.store(t.arrivals + b, 0)
 
