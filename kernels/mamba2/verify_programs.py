@@ -11,9 +11,12 @@ window tokens, taken from the inputs):
 
     y_t = exp(A Pcum_{s+t}) (S0 . C_t) + sum_{j <= s+t} dt_j exp(A (Pcum_{s+t} - Pcum_j)) (B_j . C_t) x_j
 
-``S0 . C_t`` for every t is one ``tl.dot`` per (head, state tile), ``B_j . C_t`` one per program
-(shared by the group's heads); the causal sum runs per token and *selects* the visible slots
-(a rejected draft's NaN inputs never reach an earlier token's output). Launch: ``verify_launch.py``.
+``C_t . S0`` for every t is one ``tl.dot`` per (head, state tile), ``C_t . B_j`` one per program
+(shared by the group's heads), the causal sum over the slots one more per head; every mask is a
+selection, so a rejected draft's NaN inputs never reach an earlier token's output (``_head_outputs``).
+The loads that do not depend on the cursor (the first head's checkpoint tile and ring, the group's
+ring B, the window's C) go out before it, and each head's tiles while the previous head computes.
+Launch: ``verify_launch.py``.
 
 Appends: each program writes its heads' and lanes' window ``x`` at slots ``s .. s+T-1``. ``dt``
 (one entry per head, read by every lane block) and ``B`` (one per group, read by every head chunk)
@@ -63,6 +66,7 @@ def _dot(a, b, LOWP: tl.constexpr, PREC: tl.constexpr):
 
 @triton.jit
 def _non_finite(v):
+    """NaN or +-inf, elementwise."""
     return (v != v) | (tl.abs(v) == float("inf"))
 
 

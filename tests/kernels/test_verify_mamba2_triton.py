@@ -116,9 +116,9 @@ def test_kernel_equals_reference_on_packed_inputs(cursor_dtype, optional, launch
         outs = []
         for lay, fn in ((layer, verify_ops.mamba2_replay_verify_triton), (twin, mamba2_replay_verify_reference)):
             outs.append(fn(x, dt, B, C, lay.state, *lay.rings, lay.cursor, lay.A, *opt))
-        torch.testing.assert_close(outs[0], outs[1], atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(outs[0], outs[1], atol=1e-4, rtol=1e-4)
         assert torch.equal(layer.cursor, twin.cursor)
-        torch.testing.assert_close(layer.state, twin.state, atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(layer.state, twin.state, atol=1e-4, rtol=1e-4)
         for a, b in zip(layer.rings, twin.rings):
             torch.testing.assert_close(a, b, equal_nan=True, atol=1e-6, rtol=1e-6)
         if back is not None:
@@ -140,7 +140,7 @@ def test_a_non_finite_window_input_reaches_later_tokens_only(launches):
     y_ref = mamba2_replay_verify_reference(*twin.verify_args((x, dt, B, C, z)))
     for y in (y_kernel, y_ref):
         assert torch.equal(~torch.isfinite(y), bad)
-    torch.testing.assert_close(y_kernel[~bad], y_ref[~bad], atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(y_kernel[~bad], y_ref[~bad], atol=1e-4, rtol=1e-4)
 
 
 def test_scaled_checkpoints_and_wrong_outputs_are_refused():
