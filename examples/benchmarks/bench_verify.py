@@ -2,11 +2,14 @@
 plain ReplaySSM decode step, Mamba-2 and delta rule (GDN, KDA), in CUDA graphs.
 
 Per (shape, batch, T) it reports µs per call of: ``step`` (``mamba2_replay_decode`` /
-``delta_replay_decode``, averaged over whole L-step cycles, flush included), ``verify`` (T tokens
-per row, then every row rolled back by T - 1 tokens, so the cursors cycle as a run at acceptance
-1/T would; flush-first rows included), the ratio ``verify / step`` (issue target: <= 1.3 at T = 5,
-batch 1-64) and ``verify / (T x step)`` (target at batch 256, T = 4: <= 0.5). Writes
-``verify.json`` and ``verify.md`` under ``--out``. ``--smoke``: tiny shapes on any device.
+``delta_replay_decode``, averaged over whole L-step cycles, flush included), ``T steps`` (T of
+them: what the verify replaces), ``verify`` (T tokens per row, then every row rolled back by T - 1
+tokens, so the cursors cycle as a run at acceptance 1/T would; flush-first rows included), the
+ratio ``verify / step`` (issue target: <= 1.3 at T = 5, batch 1-64) and ``verify / (T x step)``
+(target at batch 256, T = 4: <= 0.5). On a GPU both run the Triton kernels (``backend="triton"``;
+the Mamba-2 verify is one launch, ``kernels/mamba2/verify_launch.py``). Writes ``verify.json`` and
+``verify.md`` under ``--out``. ``--smoke``: tiny shapes on any device (the PyTorch references off
+the GPU).
 
     python examples/benchmarks/bench_verify.py --batches 1,64,256 --T 4,5
 """
@@ -26,8 +29,8 @@ from replayssm.kernels.delta import delta_replay_decode, delta_replay_verify
 from replayssm.kernels.mamba2 import mamba2_replay_decode, mamba2_replay_verify
 from replayssm.kernels.speculation import rollback_cursor_reference
 
-SHAPES = {"nemotron3-super": ("mamba2", (128, 64, 128, 8)), "qwen3.5-4b-gdn": ("delta", (16, 32, 128, 128, False)),
-          "kimi-linear-kda": ("delta", (32, 32, 128, 128, True))}
+SHAPES = {"nemotron3-nano": ("mamba2", (96, 80, 128, 8)), "nemotron3-super": ("mamba2", (128, 64, 128, 8)),
+          "qwen3.5-4b-gdn": ("delta", (16, 32, 128, 128, False)), "kimi-linear-kda": ("delta", (32, 32, 128, 128, True))}
 SMOKE = {"smoke-mamba2": ("mamba2", (4, 16, 16, 2)), "smoke-gdn": ("delta", (2, 4, 16, 16, False))}
 ACT = torch.bfloat16
 
@@ -39,6 +42,7 @@ def _l2n(t):
 def make_layer(family, shape, Bt, L, T, dev, act):
     """(step(), verify()) closures over one layer's checkpoint (fp32), rings and inputs."""
     g = torch.Generator().manual_seed(0)
+    backend = "triton" if dev.type == "cuda" else "auto"
     cursor = torch.zeros(Bt, dtype=torch.int32, device=dev)
     back = torch.full((Bt,), T - 1, dtype=torch.int32, device=dev)
     r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
@@ -51,8 +55,8 @@ def make_layer(family, shape, Bt, L, T, dev, act):
         one = [r(Bt, H, P).to(act), (r(Bt, H) - 2).to(act), r(Bt, G, N).to(act), r(Bt, G, N).to(act)]
         win = [r(Bt, T, H, P).to(act), (r(Bt, T, H) - 2).to(act), r(Bt, T, G, N).to(act), r(Bt, T, G, N).to(act)]
         one, win = [t.to(dev) for t in one], [t.to(dev) for t in win]
-        step = lambda: mamba2_replay_decode(*one, state, *rings, cursor, A, dtb, D)  # noqa: E731
-        verify = lambda: mamba2_replay_verify(*win, state, *rings, cursor, A, dtb, D)  # noqa: E731
+        step = lambda: mamba2_replay_decode(*one, state, *rings, cursor, A, dtb, D, backend=backend)  # noqa: E731
+        verify = lambda: mamba2_replay_verify(*win, state, *rings, cursor, A, dtb, D, backend=backend)  # noqa: E731
     else:
         Hk, HV, K, V, kda = shape
         state = r(Bt, HV, K, V).to(dev)
@@ -66,8 +70,8 @@ def make_layer(family, shape, Bt, L, T, dev, act):
             return q, k, r(*lead, HV, V).to(act).to(dev), gate, torch.sigmoid(r(*lead, HV)).to(dev)
 
         one, win = toks(Bt), toks(Bt, T)
-        step = lambda: delta_replay_decode(*one, state, *rings, cursor)  # noqa: E731
-        verify = lambda: delta_replay_verify(*win, state, *rings, cursor)  # noqa: E731
+        step = lambda: delta_replay_decode(*one, state, *rings, cursor, backend=backend)  # noqa: E731
+        verify = lambda: delta_replay_verify(*win, state, *rings, cursor, backend=backend)  # noqa: E731
 
     def verify_and_rollback():
         verify()
@@ -128,8 +132,8 @@ def main(argv=None) -> int:
                 if step_us is None:
                     step_us = time_us(step, 2 if args.smoke else args.L * 4, dev)
                 verify_us = time_us(verify, 2 if args.smoke else 32, dev)
-                rows.append(dict(shape=name, batch=Bt, T=T, step_us=round(step_us, 2), verify_us=round(verify_us, 2),
-                                 verify_per_step=round(verify_us / step_us, 3),
+                rows.append(dict(shape=name, batch=Bt, T=T, step_us=round(step_us, 2), T_steps_us=round(T * step_us, 2),
+                                 verify_us=round(verify_us, 2), verify_per_step=round(verify_us / step_us, 3),
                                  verify_per_T_steps=round(verify_us / (T * step_us), 3)))
                 print(json.dumps(rows[-1]), flush=True)
     meta = dict(date=datetime.date.today().isoformat(),
@@ -141,9 +145,9 @@ def main(argv=None) -> int:
     (out / "verify.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
     lines = [f"{meta['date']} · {meta['gpu']} · torch {meta['torch']} · triton {meta['triton']} · L = {args.L} · "
              f"`{meta['command']}`", "",
-             "| shape | batch | T | step µs | verify+rollback µs | / step | / (T x step) |",
-             "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['shape']} | {r['batch']} | {r['T']} | {r['step_us']} | {r['verify_us']} | "
+             "| shape | batch | T | step µs | T steps µs | verify+rollback µs | / step | / (T x step) |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['shape']} | {r['batch']} | {r['T']} | {r['step_us']} | {r['T_steps_us']} | {r['verify_us']} | "
               f"{r['verify_per_step']} | {r['verify_per_T_steps']} |" for r in rows]
     (out / "verify.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

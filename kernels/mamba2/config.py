@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import triton
 
-__all__ = ["LaunchConfig", "StepConfig", "default_config", "pow2", "program_split", "step_config"]
+__all__ = ["LaunchConfig", "StepConfig", "VerifyConfig", "default_config", "pow2", "program_split", "step_config",
+           "verify_config"]
 
 DOT_PRECISIONS = (None, "tf32", "tf32x3", "ieee")
 
@@ -69,9 +70,10 @@ class LaunchConfig:
             raise ValueError(f"LaunchConfig.dot_precision must be one of {DOT_PRECISIONS}; got {self.dot_precision!r}")
 
 
-def program_split(cfg: LaunchConfig, H: int, P: int, G: int) -> tuple[int, int, int]:
-    """(heads per program, head chunks per group, lane blocks per head) of ``cfg`` on a layer of
-    ``H`` heads of ``P`` lanes in ``G`` groups: the chunks of a group are made equal."""
+def program_split(cfg, H: int, P: int, G: int) -> tuple[int, int, int]:
+    """(heads per program, head chunks per group, lane blocks per head) of ``cfg`` (a ``LaunchConfig``
+    or ``VerifyConfig``) on a layer of ``H`` heads of ``P`` lanes in ``G`` groups: the chunks of a
+    group are made equal."""
     HPG = H // G
     n_hc = triton.cdiv(HPG, max(1, min(cfg.heads_per_program, HPG)))
     return triton.cdiv(HPG, n_hc), n_hc, triton.cdiv(P, cfg.block_p)
@@ -135,3 +137,53 @@ def step_config(Bt: int, H: int, P: int, N: int, state_bytes: int, n_sm: int) ->
     while block_p > 8 and Bt * H * triton.cdiv(P, block_p) < 4 * n_sm:  # at least 4 programs per SM
         block_p //= 2
     return StepConfig(block_p, block_n)
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    """Knobs of one verify launch (``verify_programs.py``).
+
+    block_p: head-dim lanes per program (a power of two, at least 16: the products are ``tl.dot``).
+    heads_per_program: heads of one group a program walks (rounded to chunks of equal size).
+    block_n: state-dim tile (at least 16); ``>= N`` holds a head's checkpoint lanes in one tile.
+    num_warps: warps per program.
+    dot_precision: input precision of the ``tl.dot`` on fp32 operands (None: ``tf32x3``, ``ieee``
+        under the interpreter).
+    """
+
+    block_p: int
+    heads_per_program: int
+    block_n: int
+    num_warps: int
+    dot_precision: str | None = None
+
+    def __post_init__(self):
+        for name in ("block_p", "block_n", "num_warps"):
+            if not _is_pow2(getattr(self, name)):
+                raise ValueError(f"VerifyConfig.{name} must be a power of two; got {getattr(self, name)!r}")
+        if self.block_p < 16 or self.block_n < 16:
+            raise ValueError(f"VerifyConfig tiles must be at least 16 wide (tl.dot); got block_p={self.block_p}, "
+                             f"block_n={self.block_n}")
+        if self.heads_per_program < 1:
+            raise ValueError(f"VerifyConfig.heads_per_program must be positive; got {self.heads_per_program!r}")
+        if self.dot_precision not in DOT_PRECISIONS:
+            raise ValueError(f"VerifyConfig.dot_precision must be one of {DOT_PRECISIONS}; got {self.dot_precision!r}")
+
+
+@functools.lru_cache(maxsize=1024)
+def verify_config(Bt: int, H: int, P: int, N: int, G: int, n_sm: int) -> VerifyConfig:
+    """The verify launch for ``Bt`` rows of a layer (H, P, N, G) on ``n_sm`` multiprocessors. Not yet
+    timed on a GPU (``examples/benchmarks/bench_verify.py``): the rules carry the replay decode's over
+    where they apply and otherwise follow the program's register count compiled for sm_90."""
+    HPG = H // G
+    # one state tile per head up to N = 256, as in the replay decode
+    block_n = max(16, min(pow2(N), 256)) if N <= 256 else 128
+    # 16 lanes: every warp of the C . S0 product holds the whole C tile, so wider lane blocks add
+    # registers per program without saving any (and P = 80 splits evenly)
+    block_p = 16
+    n_pb = triton.cdiv(P, block_p)
+    # ~8 programs per SM, at most 8 heads of a group of 16+: the replay decode's split
+    hc = max(1, min(HPG if HPG < 16 else 8, (Bt * G * n_pb * HPG) // (8 * n_sm)))
+    # 4 warps: each holds a quarter of the checkpoint tile, which they load in parallel
+    hc = program_split(VerifyConfig(block_p, hc, block_n, 4), H, P, G)[0]
+    return VerifyConfig(block_p, hc, block_n, 4)

@@ -16,7 +16,7 @@ from .config import LaunchConfig, StepConfig, default_config, pow2, program_spli
 from .programs import Flags, IoStrides, Layout, Tensors, replay_kernel, replay_kernel_dyn
 from .step import step_kernel
 
-__all__ = ["check_arrivals", "launch_replay", "launch_step", "replay_flags"]
+__all__ = ["check_arrivals", "dot_precision", "launch_replay", "launch_step", "replay_flags"]
 
 _COUNTERS: dict = {}
 _COUNTER_KEEP: list = []  # never freed: a captured CUDA graph may still point at an old one
@@ -61,6 +61,12 @@ def _check(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, out):
     return Bt, H, P, N, G, L
 
 
+def dot_precision(requested: str | None) -> str:
+    """Input precision of a ``tl.dot`` on fp32 operands: ``requested``, else ``tf32x3`` (``ieee``
+    under the interpreter, which has no tf32)."""
+    return requested or ("ieee" if triton_interpreter_on() else "tf32x3")
+
+
 def uses_lowp_dot(state_dtype: torch.dtype, x_buf_dtype: torch.dtype, B_buf_dtype: torch.dtype) -> bool:
     """Whether the flush ``tl.dot`` runs on 16-bit operands: a 16-bit checkpoint and 16-bit rings
     of one dtype."""
@@ -72,10 +78,10 @@ def replay_flags(cfg: LaunchConfig, N: int, L: int, n_rows: int, *, has_dt_bias:
     """The compile-time switches of a replay launch of ``cfg`` over ``n_rows`` rows."""
     early = cfg.block_n >= N  # one state tile: the first head's loads go out before the cursor
     flush_first_bb = pow2(n_rows) if cfg.flush_first and n_rows <= FLUSH_ROWS else 0
-    prec = cfg.dot_precision or ("ieee" if triton_interpreter_on() else "tf32x3")
     return compiled_in(Flags(
         HAS_DT_BIAS=has_dt_bias, HAS_D=has_D, HAS_Z=has_z, DT_SOFTPLUS=bool(dt_softplus),
-        ZERO_IDLE=bool(zero_idle), DOT_LOWP=lowp, DOT_PREC=prec, FLUSH_FMA=cfg.flush_fma, EARLY=early,
+        ZERO_IDLE=bool(zero_idle), DOT_LOWP=lowp, DOT_PREC=dot_precision(cfg.dot_precision),
+        FLUSH_FMA=cfg.flush_fma, EARLY=early,
         FLUSH_FROM_EARLY=early and cfg.flush_block_n == cfg.block_n, FLUSH_FIRST_BB=flush_first_bb,
         BLOCK_P=cfg.block_p, BLOCK_N=cfg.block_n, BLOCK_NF=cfg.flush_block_n, BLOCK_L=max(16, pow2(L)), FMT=fmt,
         SR=bool(sr)))

@@ -29,9 +29,18 @@ from __future__ import annotations
 
 import torch
 
+from ..quant import QuantStateError, is_scaled
 from .reference import mamba2_replay_materialize_reference, process_dt
 
-__all__ = ["check_verify_shapes", "mamba2_replay_verify_reference"]
+__all__ = ["check_verify_shapes", "check_verify_state", "mamba2_replay_verify_reference"]
+
+
+def check_verify_state(state: torch.Tensor) -> None:
+    """A verify window reads and folds plain checkpoints only: QuantStateError for an int8 / fp8 one
+    (its scales are not an argument here)."""
+    if is_scaled(state.dtype):
+        raise QuantStateError(f"a verify window needs a plain checkpoint (fp32, bf16 or fp16); found a {state.dtype} "
+                              "state (int8 / fp8 checkpoints decode one token per step)")
 
 
 def check_verify_shapes(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, z=None):
@@ -103,6 +112,7 @@ def mamba2_replay_verify_reference(
         y (Bt, T, H, P) in ``x.dtype`` (``out`` if given; idle rows zero when ``out`` is None).
     """
     Bt, T, H, P, G, N, L = check_verify_shapes(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, z)
+    check_verify_state(state)
     dev = x.device
     active = cursor >= 0
     c = _flush_first(state, x_buf, dt_buf, B_buf, cursor, A, T, L)

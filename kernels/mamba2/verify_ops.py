@@ -1,10 +1,10 @@
 """The Mamba-2 verify step as a PyTorch custom operator (``torch.ops.replayssm.mamba2_replay_verify``):
 opaque to ``torch.compile`` and free of host synchronisation, so it can be captured in a CUDA graph.
 
-First step: the operator runs the PyTorch reference (``verify.mamba2_replay_verify_reference``) on
-the device, which forms the T outputs from the checkpoint and the ring with a handful of batched
-einsums (no per-token state write; flush-first rows write the checkpoint once). A fused Triton
-program replaces it here without changing the signature.
+The operator runs the Triton program (``verify_launch.launch_verify``: one launch, the checkpoint
+read once for all T outputs, flush-first rows folded inside it) on CUDA tensors and, with
+``TRITON_INTERPRET=1``, on CPU tensors; elsewhere (CPU tensors without the interpreter, or no
+Triton) the PyTorch reference ``verify.mamba2_replay_verify_reference``, same semantics.
 """
 
 from __future__ import annotations
@@ -13,9 +13,15 @@ from typing import Optional
 
 import torch
 
+from ..backend import triton_available, triton_interpreter_on
 from .verify import mamba2_replay_verify_reference
 
-__all__ = ["mamba2_replay_verify_triton", "verify_op"]
+__all__ = ["mamba2_replay_verify_triton", "runs_triton", "verify_op"]
+
+
+def runs_triton(device: torch.device) -> bool:
+    """Whether the operator launches the Triton program for tensors on ``device``."""
+    return triton_available() and (device.type == "cuda" or triton_interpreter_on())
 
 
 @torch.library.custom_op("replayssm::mamba2_replay_verify",
@@ -25,7 +31,12 @@ def verify_op(x: torch.Tensor, dt: torch.Tensor, B: torch.Tensor, C: torch.Tenso
               dt_bias: Optional[torch.Tensor], D: Optional[torch.Tensor], z: Optional[torch.Tensor], dt_softplus: bool,
               out: torch.Tensor, zero_idle: bool) -> None:
     """One verify step written into ``out`` (idle rows: zeros if ``zero_idle``, else untouched)."""
-    if zero_idle:
+    if runs_triton(x.device):
+        from .verify_launch import launch_verify
+
+        launch_verify(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, dt_softplus, out,
+                      zero_idle)
+    elif zero_idle:
         out.copy_(mamba2_replay_verify_reference(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z,
                                                  dt_softplus))
     else:

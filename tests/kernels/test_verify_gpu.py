@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from verify_helpers import DeltaLayer, Mamba2Layer, rollout
+from verify_helpers import DeltaLayer, Mamba2Layer, check_graph_replays, rollout
 
 from replayssm.kernels.delta import delta_replay_verify
 from replayssm.kernels.mamba2 import mamba2_replay_verify
@@ -48,21 +48,12 @@ def test_verify_and_rollback_capture_in_a_cuda_graph(kind):
         rollback_cursor_reference(lay.cursor, back)
         return y
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        body(layer)
-        body(twin)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = body(layer)
-    for _ in range(5):
-        graph.replay()
-        ref = body(twin)
+    def check(out, ref):
         torch.testing.assert_close(out, ref)
         assert torch.equal(layer.cursor, twin.cursor)
         torch.testing.assert_close(layer.state, twin.state)
+
+    check_graph_replays(body, layer, twin, check)
 
 
 @pytest.mark.parametrize("family", ["nemotron_h", "qwen3_5", "kimi_linear"])

@@ -19,6 +19,7 @@ class Mamba2Layer:
     """A Mamba-2 layer's parameters, checkpoint and NaN-poisoned rings for ``Bt`` rows."""
 
     kind = "mamba2"
+    out_index = 0  # the token tensor whose shape the output has (x)
 
     def __init__(self, Bt, H=4, P=16, N=16, G=2, L=8, device="cpu", seed=0):
         gen = torch.Generator().manual_seed(seed)
@@ -75,6 +76,7 @@ class DeltaLayer:
     def __init__(self, Bt, kda=False, Hk=2, HV=4, K=16, V=16, L=8, device="cpu", seed=0):
         gen = torch.Generator().manual_seed(seed)
         self.kind = "kda" if kda else "gdn"
+        self.out_index = 2  # the output has v's shape
         self.kda = kda
         self.dims = (Bt, Hk, HV, K, V, L)
         self.state = torch.randn(Bt, HV, K, V, generator=gen) * 0.5
@@ -118,13 +120,21 @@ class DeltaLayer:
                      for t in toks)
 
 
+def _same(a, b, atol, rtol, what):
+    torch.testing.assert_close(a, b, atol=atol, rtol=rtol, equal_nan=True, msg=lambda m: f"{what}: {m}")
+
+
 def rollout(layer, verify_fn, rounds: int, max_T: int, seed: int = 0, atol=2e-4, rtol=1e-4, fixed_T=None,
-            full_acceptance_every: int = 5):
+            full_acceptance_every: int = 5, twin=None, twin_fn=None, poison_out: bool = False):
     """Speculative rounds: each verifies T tokens per row (T random in 1..max_T, the same for the
     batch), each row accepts a random count 0..T (every ``full_acceptance_every``-th round all T,
     every round some row none), the rejected suffix NaN-poisoned; the accepted outputs must equal
     the exact recurrence of the accepted stream and nothing NaN may ever reach a kept output.
-    Returns the worst absolute error."""
+    Rows with a negative cursor are idle: their checkpoint, rings and outputs must stay as they were
+    (outputs: zeros, or the NaN of ``poison_out``). With ``twin`` (a copy of ``layer``), ``twin_fn``
+    verifies the same tokens on it every round and every output (NaN included), cursor, checkpoint
+    and ring entry must agree with ``verify_fn``'s to (atol, rtol). ``poison_out``: the outputs go
+    into NaN-filled buffers (an output left unwritten shows). Returns the worst absolute error."""
     gen = torch.Generator().manual_seed(seed + 1000)
     Bt = layer.dims[0]
     worst = 0.0
@@ -137,9 +147,25 @@ def rollout(layer, verify_fn, rounds: int, max_T: int, seed: int = 0, atol=2e-4,
         acc = acc.to(layer.device)
         rejected = torch.arange(T, device=layer.device)[None, :] >= acc[:, None]
         toks = layer.poison(layer.tokens(T), rejected)
-        y = verify_fn(*layer.verify_args(toks))
+        idle = layer.cursor < 0
+        before = [t[idle].clone() for t in (layer.state, *layer.rings)]
+        kw = dict(out=torch.full_like(toks[layer.out_index], float("nan"))) if poison_out else {}
+        y = verify_fn(*layer.verify_args(toks), **kw)
+        if twin is not None:
+            twin_kw = dict(out=torch.full_like(toks[layer.out_index], float("nan"))) if poison_out else {}
+            y_twin = twin_fn(*twin.verify_args(toks), **twin_kw)
+            _same(y, y_twin, atol, rtol, f"round {r} (T={T}): outputs")
+            assert torch.equal(layer.cursor, twin.cursor), f"round {r}: cursors {layer.cursor} != {twin.cursor}"
+            _same(layer.state, twin.state, atol, rtol, f"round {r}: checkpoint")
+            for name, a, b in zip(("x/u", "dt/k", "B/g"), layer.rings, twin.rings):
+                _same(a, b, atol, rtol, f"round {r}: ring {name}")
+        for t0, t1 in zip(before, (layer.state, *layer.rings)):
+            assert torch.equal(t0.isnan(), t1[idle].isnan()) and torch.equal(t0.nan_to_num(), t1[idle].nan_to_num()), \
+                f"round {r}: an idle row was written"
+        idle_out = y[idle]
+        assert (idle_out.isnan() if poison_out else idle_out == 0).all(), f"round {r}: an idle row's output was written"
         for t in range(T):
-            keep = t < acc
+            keep = (t < acc) & ~idle
             ref = layer.exact_step(toks, t, keep)
             got = y[:, t][keep].float()
             want = ref[keep].float()
@@ -149,5 +175,26 @@ def rollout(layer, verify_fn, rounds: int, max_T: int, seed: int = 0, atol=2e-4,
                 worst = max(worst, err.max().item())
                 assert torch.allclose(got, want, atol=atol, rtol=rtol), \
                     f"round {r} (T={T}), token {t}: max error {err.max().item():.3g}"
-        rollback_cursor_reference(layer.cursor, (T - acc).to(layer.cursor.dtype))
+        back = (T - acc).to(layer.cursor.dtype)
+        rollback_cursor_reference(layer.cursor, back)
+        if twin is not None:
+            rollback_cursor_reference(twin.cursor, back)
     return worst
+
+
+def check_graph_replays(body, layer, twin, check, replays: int = 5) -> None:
+    """Capture ``body(layer)`` in a CUDA graph (after one eager call on each of ``layer`` and ``twin``
+    on a side stream) and replay it ``replays`` times, each after which ``body(twin)`` runs eagerly
+    and ``check(graph_output, eager_output)`` compares them."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        body(layer)
+        body(twin)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = body(layer)
+    for _ in range(replays):
+        graph.replay()
+        check(out, body(twin))
