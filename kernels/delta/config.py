@@ -122,16 +122,13 @@ def default_config(Bt: int, K: int, V: int, state_dtype: torch.dtype, kda: bool)
 class VerifyConfig:
     """Knobs of one delta-rule verify step.
 
-    block_v, num_warps: value columns per checkpoint tile, and warps of a program.
-    head_programs: one program per (row, value head) walking its column blocks (the window's
-        coefficients formed once per head) instead of one per column block (more programs).
+    block_v, num_warps: value columns and warps of a program (whose tile spans the key dim).
     arrive: the cursors move on inside the launch (arrivals on the cursor word, ``kernels/cursor.py``)
-        instead of a second, per-row launch; needs int32 cursors and L <= 127.
+        instead of in a second, per-row launch; needs int32 cursors and L <= 127.
     """
 
     block_v: int = 32
     num_warps: int = 4
-    head_programs: bool = False
     arrive: bool = True
 
     def __post_init__(self):
@@ -141,13 +138,7 @@ class VerifyConfig:
 
 
 @functools.lru_cache(maxsize=256)
-def default_verify_config(Bt: int, HV: int, K: int, V: int, n_sms: int) -> VerifyConfig:
-    """The verify step for ``Bt`` rows of a layer with ``HV`` value heads and key / value dims
-    ``K`` / ``V`` on a device of ``n_sms`` multiprocessors."""
-    bk = triton.next_power_of_2(K)
-    n_blocks = triton.cdiv(V, 32)
-    # (not tuned yet: the one-launch decode kernel's tile, 32 columns x the key dim)
-    return VerifyConfig(block_v=32, num_warps=4 if bk <= 128 else 8,
-                        # per-head programs once column-block programs would be several waves: the
-                        # coefficients (KDA: T x T x K exponentials) are then formed once per head
-                        head_programs=Bt * HV * n_blocks > 4 * n_sms)
+def default_verify_config(K: int) -> VerifyConfig:
+    """The verify step of a layer with key dim ``K``: (not tuned yet) the one-launch decode
+    kernel's tile, 32 columns by the key dim, on 4 warps (8 above K = 128)."""
+    return VerifyConfig(block_v=32, num_warps=4 if triton.next_power_of_2(K) <= 128 else 8)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..backend import compiled_in, num_sms, triton_interpreter_on
+from ..backend import compiled_in, triton_interpreter_on
 from ..cursor import cursor_word_counts_arrivals
 from ..quant import QuantStateError, is_scaled
 from .config import VerifyConfig, default_verify_config
@@ -43,20 +43,17 @@ def launch_verify(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, *, 
         raise ValueError(f"the verify kernel keeps the key dim in one tile (K <= 256); got K={K}")
     if Bt == 0:
         return out
-    dev = v.device
-    cfg = config or default_verify_config(Bt, HV, K, V, num_sms(dev.type, dev.index))
+    cfg = config or default_verify_config(K)
     kda = g.dim() == 4
     BV = max(16, min(cfg.block_v, triton.next_power_of_2(V)))
     NV = triton.cdiv(V, BV)
-    NB = NV if cfg.head_programs else 1  # column blocks per program
-    NG = NV // NB
-    TP = max(16, triton.next_power_of_2(T))
+    TP = triton.next_power_of_2(T)
     arrive = cfg.arrive and cursor_word_counts_arrivals(cursor, L)
     t = Tensors(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, v, cursor)
     io = _strides(q, k, v, g, beta, out, cursor)
     gb = (*g_buf.stride()[:3], g_buf.stride(3) if kda else 0)
     lay = compiled_in(Layout(HV, HV // Hk, K, V, L, *state.stride(), *u_buf.stride(), *k_buf.stride(), *gb))
-    verify_kernel[(Bt * HV * NG,)](t, io, lay, T, NG, KDA=kda, BK=BK, BV=BV, NB=NB,
+    verify_kernel[(Bt * HV * NV,)](t, io, lay, NV, T=T, KDA=kda, BK=BK, BV=BV,
                                    LP=max(16, triton.next_power_of_2(L)), TP=TP, WRITE_IDLE=bool(write_idle),
                                    ARRIVE=arrive, DOT_PREC="ieee" if triton_interpreter_on() else "tf32x3",
                                    num_warps=cfg.num_warps)
