@@ -88,11 +88,33 @@ def append_window_entries(b, h, slot0, keys, T, offs_t, offs_k, mk, t, io, lay, 
 
 
 @triton.jit
-def append_flush_row(b, T, offs_t, offs_k, mk, t, io, lay, KDA: tl.constexpr):
-    """A flush-first row's window keys and gates, every head, at slots 0 .. T-1 (its ring restarts)."""
-    for hk in range(lay.HV // lay.GROUP):
-        for j in range(lay.GROUP):  # the key head's value heads; the first also stores its keys
-            append_window_entries(b, hk * lay.GROUP + j, 0, j == 0, T, offs_t, offs_k, mk, t, io, lay, KDA)
+def append_flush_row(b, T, t, io, lay, KDA: tl.constexpr, BK: tl.constexpr, TP: tl.constexpr, HC: tl.constexpr,
+                     HP: tl.constexpr):
+    """A flush-first row's window keys and gates, every head, at slots 0 .. T-1 (its ring restarts):
+    tiles of HC heads x TP tokens x BK channels (GDN's gates: one (HP, TP) tile, HP >= HV)."""
+    offs_h = tl.arange(0, HC)[:, None, None]
+    offs_t = tl.arange(0, TP)[None, :, None]
+    offs_k = tl.arange(0, BK)[None, None, :]
+    m_tk = (offs_t < T) & (offs_k < lay.K)
+    for h0 in tl.static_range(0, lay.HV // lay.GROUP, HC):  # key heads
+        hk = h0 + offs_h
+        m = m_tk & (hk < lay.HV // lay.GROUP)
+        kv = tl.load(t.k + b * io.k_b + hk * io.k_h + offs_t * io.k_t + offs_k * io.k_k, mask=m)
+        tl.store(t.k_buf + b * lay.kb_b + hk * lay.kb_h + offs_t * lay.kb_l + offs_k * lay.kb_k,
+                 kv.to(t.k_buf.dtype.element_ty), mask=m)
+    if KDA:  # running sums from the window's first token
+        for h0 in tl.static_range(0, lay.HV, HC):
+            h = h0 + offs_h
+            m = m_tk & (h < lay.HV)
+            gw = tl.load(t.g + b * io.g_b + h * io.g_h + offs_t * io.g_t + offs_k * io.g_k, mask=m, other=0.0)
+            tl.store(t.g_buf + b * lay.gb_b + h * lay.gb_h + offs_t * lay.gb_l + offs_k * lay.gb_k,
+                     tl.cumsum(gw.to(tl.float32), axis=1).to(t.g_buf.dtype.element_ty), mask=m)
+    else:
+        h = tl.arange(0, HP)[:, None]
+        tt = tl.arange(0, TP)[None, :]
+        m = (h < lay.HV) & (tt < T)
+        gw = tl.load(t.g + b * io.g_b + h * io.g_h + tt * io.g_t, mask=m)
+        tl.store(t.g_buf + b * lay.gb_b + h * lay.gb_h + tt * lay.gb_l, gw.to(t.g_buf.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -120,12 +142,12 @@ def _ring_state(s_ptrs, s_mask, kb_base, gb_base, ub_base, offs_k, mk, offs_v, m
 
 @triton.jit
 def verify_kernel(t, io, lay, NV, T: tl.constexpr, KDA: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                  LP: tl.constexpr, TP: tl.constexpr, WRITE_IDLE: tl.constexpr, ARRIVE: tl.constexpr,
-                  DOT_PREC: tl.constexpr):
-    """One verify step (module notes), NV column blocks per value head; TP >= T rows of the key and
-    gate appends. ARRIVE: every program arrives at its row's cursor word once the ring's keys and
-    gates are read, and the last one writes a flush row's keys and gates and the next cursor;
-    otherwise ``commit_kernel`` does."""
+                  LP: tl.constexpr, TP: tl.constexpr, HC: tl.constexpr, HP: tl.constexpr, WRITE_IDLE: tl.constexpr,
+                  ARRIVE: tl.constexpr, DOT_PREC: tl.constexpr):
+    """One verify step (module notes), NV column blocks per value head; TP >= T, HC, HP: the appends'
+    tiles (``append_flush_row``). ARRIVE: every program arrives at its row's cursor word once the
+    ring's keys and gates are read; the last one stores the next cursor and, at its end, a flush
+    row's keys and gates. Otherwise ``commit_kernel`` does both."""
     i_v, i_bh, b, h, hk = head_block(NV, lay)
     cur_ptr = t.cursor + b * io.cur
     c = tl.load(cur_ptr)
@@ -156,13 +178,11 @@ def verify_kernel(t, io, lay, NV, T: tl.constexpr, KDA: tl.constexpr, BK: tl.con
 
     if active & (c + T <= lay.L) & (i_v == 0):  # keys and gates past the history: nobody reads those slots
         append_window_entries(b, h, c0, h % lay.GROUP == 0, T, offs_t, offs_k, mk, t, io, lay, KDA)
+    last = False
     if ARRIVE:
         tl.debug_barrier()  # every thread's ring reads are done before the arrival releases them
-        arrived = count_arrival(cur_ptr, c, "release")
-        if arrived == lay.HV * NV - 1:
-            if flush:
-                tl.atomic_add(cur_ptr, 0, sem="acquire")  # the other programs' ring reads come first
-                append_flush_row(b, T, offs_t, offs_k, mk, t, io, lay, KDA)
+        last = count_arrival(cur_ptr, c, "release") == lay.HV * NV - 1
+        if last:
             tl.store(cur_ptr, tl.where(active, c0 + T, c))
 
     k_base = t.k + b * io.k_b + hk * io.k_h
@@ -189,18 +209,21 @@ def verify_kernel(t, io, lay, NV, T: tl.constexpr, KDA: tl.constexpr, BK: tl.con
         tl.store(ub_base + (c0 + i) * lay.u_l + offs_v * lay.u_v, u_ring, mask=mv_in)
         S += kv.to(t.k_buf.dtype.element_ty).to(tl.float32)[:, None] * u_ring.to(tl.float32)[None, :]
 
+    if last & flush:
+        tl.atomic_add(cur_ptr, 0, sem="acquire")  # after every other program's ring reads
+        append_flush_row(b, T, t, io, lay, KDA, BK, TP, HC, HP)
+
 
 @triton.jit
-def commit_kernel(t, io, lay, T, KDA: tl.constexpr, BK: tl.constexpr, TP: tl.constexpr):
+def commit_kernel(t, io, lay, T, KDA: tl.constexpr, BK: tl.constexpr, TP: tl.constexpr, HC: tl.constexpr,
+                  HP: tl.constexpr):
     """After a verify launch without arrivals, one program per row: a flush-first row's window keys
     and gates, and every row's next cursor (``c + T``, or ``T`` after a flush; idle rows keep theirs)."""
     b = tl.program_id(0).to(tl.int64)
     cur_ptr = t.cursor + b * io.cur
     c = tl.load(cur_ptr)
-    offs_k = tl.arange(0, BK)
-    offs_t = tl.arange(0, TP)
     if c + T > lay.L:
-        append_flush_row(b, T, offs_t, offs_k, offs_k < lay.K, t, io, lay, KDA)
+        append_flush_row(b, T, t, io, lay, KDA, BK, TP, HC, HP)
         tl.store(cur_ptr, T)
     elif c >= 0:
         tl.store(cur_ptr, c + T)
