@@ -180,8 +180,12 @@ def verify_kernel(t, io, lay, NV, T: tl.constexpr, KDA: tl.constexpr, BK: tl.con
         append_window_entries(b, h, c0, h % lay.GROUP == 0, T, offs_t, offs_k, mk, t, io, lay, KDA)
     last = False
     if ARRIVE:
-        tl.debug_barrier()  # every thread's ring reads are done before the arrival releases them
-        last = count_arrival(cur_ptr, c, "release") == lay.HV * NV - 1
+        tl.debug_barrier()  # every thread's reads of the cursor and the ring have returned
+        if flush:  # release the ring reads; the last arrival acquires them all before its appends
+            arrived = count_arrival(cur_ptr, c, "acq_rel")
+        else:
+            arrived = count_arrival(cur_ptr, c, "relaxed")
+        last = arrived == lay.HV * NV - 1
         if last:
             tl.store(cur_ptr, tl.where(active, c0 + T, c))
 
@@ -209,8 +213,7 @@ def verify_kernel(t, io, lay, NV, T: tl.constexpr, KDA: tl.constexpr, BK: tl.con
         tl.store(ub_base + (c0 + i) * lay.u_l + offs_v * lay.u_v, u_ring, mask=mv_in)
         S += kv.to(t.k_buf.dtype.element_ty).to(tl.float32)[:, None] * u_ring.to(tl.float32)[None, :]
 
-    if last & flush:
-        tl.atomic_add(cur_ptr, 0, sem="acquire")  # after every other program's ring reads
+    if last & flush:  # every program of the row has read the slots these overwrite
         append_flush_row(b, T, t, io, lay, KDA, BK, TP, HC, HP)
 
 
