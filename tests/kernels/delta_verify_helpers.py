@@ -1,6 +1,7 @@
 """Shared set-up of the delta-rule verify kernel tests (CPU interpreter and GPU): a layer whose rings
 hold finite entries below each row's cursor and NaN past it, one step run by the reference and by
-the kernel on copies, and the comparison of everything the step reads or writes."""
+the kernel on copies, the comparison of everything the step reads or writes, and a CUDA-graph
+capture."""
 
 from __future__ import annotations
 
@@ -62,3 +63,17 @@ def assert_same(ref, got, **tol) -> None:
     torch.testing.assert_close(s_g, s_r, **tol)
     for r_g, r_r in zip(rings_g, rings_r):
         torch.testing.assert_close(r_g, r_r, equal_nan=True, **tol)
+
+
+def capture(fn):
+    """A CUDA graph of ``fn()``, run once on a side stream before the capture (compiles the kernels),
+    and the output tensor the graph writes."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out

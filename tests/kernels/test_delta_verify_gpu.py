@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from delta_verify_helpers import assert_same, filled_layer, run_both
+from delta_verify_helpers import assert_same, capture, filled_layer, run_both
 from verify_helpers import DeltaLayer, rollout
 
 from replayssm.kernels.delta import delta_replay_verify
@@ -25,7 +25,11 @@ TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(atol=2e-2
 
 @pytest.fixture(autouse=True)
 def _no_tf32():
-    torch.backends.cuda.matmul.allow_tf32 = False  # the reference's einsums in fp32
+    """The reference's einsums in fp32."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def _cursors(Bt, T, seed):
@@ -91,15 +95,8 @@ def test_verify_and_rollback_replay_from_a_cuda_graph(kind, dtypes):
         rollback_cursor_reference(lay.cursor, back)
         return y
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        body(layer)
-        body(twin)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = body(layer)
+    graph, out = capture(lambda: body(layer))
+    body(twin)  # the eager copy of the warm-up call
     for _ in range(6):
         graph.replay()
         ref = body(twin)
