@@ -2,9 +2,10 @@
 opaque to ``torch.compile`` and free of host synchronisation, so it can be captured in a CUDA graph.
 
 On CUDA tensors, and on CPU tensors under the Triton interpreter, the operator launches the fused
-Triton program (``verify_launch.launch_verify``: the checkpoint read once for all T outputs, the
-window's corrections by forward substitution over its tokens); elsewhere (no Triton, or CPU
-tensors without the interpreter) it runs the PyTorch reference (``verify.delta_replay_verify_reference``).
+Triton program (``verify_launch.launch_verify``: each checkpoint tile read once for all T outputs,
+advanced over the ring by one matrix product, then the window's tokens stepped on it in registers);
+elsewhere (no Triton, or CPU tensors without the interpreter) it runs the PyTorch reference
+(``verify.delta_replay_verify_reference``).
 """
 
 from __future__ import annotations
