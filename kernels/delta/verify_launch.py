@@ -55,7 +55,7 @@ def launch_verify(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, *, 
     lay = compiled_in(Layout(HV, HV // Hk, K, V, L, *state.stride(), *u_buf.stride(), *k_buf.stride(), *gb))
     # a flush row's appends in tiles of up to 8192 elements (HC heads x TP tokens x BK channels)
     tiles = dict(TP=TP, HC=min(triton.next_power_of_2(HV), max(1, 8192 // (TP * BK))), HP=triton.next_power_of_2(HV))
-    verify_kernel[(Bt * HV * NV,)](t, io, lay, NV, T=T, KDA=kda, BK=BK, BV=BV, LP=max(16, triton.next_power_of_2(L)),
+    verify_kernel[(Bt * HV * NV,)](t, io, lay, NV, T, KDA=kda, BK=BK, BV=BV, LP=max(16, triton.next_power_of_2(L)),
                                    WRITE_IDLE=bool(write_idle), ARRIVE=arrive,
                                    DOT_PREC="ieee" if triton_interpreter_on() else "tf32x3", num_warps=cfg.num_warps,
                                    **tiles)

@@ -141,11 +141,11 @@ def _ring_state(s_ptrs, s_mask, kb_base, gb_base, ub_base, offs_k, mk, offs_v, m
 
 
 @triton.jit
-def verify_kernel(t, io, lay, NV, T: tl.constexpr, KDA: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+def verify_kernel(t, io, lay, NV, T, KDA: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   LP: tl.constexpr, TP: tl.constexpr, HC: tl.constexpr, HP: tl.constexpr, WRITE_IDLE: tl.constexpr,
                   ARRIVE: tl.constexpr, DOT_PREC: tl.constexpr):
-    """One verify step (module notes), NV column blocks per value head; TP >= T, HC, HP: the appends'
-    tiles (``append_flush_row``). ARRIVE: every program arrives at its row's cursor word once the
+    """One verify step (module notes) of T tokens, NV column blocks per value head; TP >= T, HC, HP:
+    the appends' tiles (``append_flush_row``). ARRIVE: every program arrives at its row's cursor word once the
     ring's keys and gates are read; the last one stores the next cursor and, at its end, a flush
     row's keys and gates. Otherwise ``commit_kernel`` does both."""
     i_v, i_bh, b, h, hk = head_block(NV, lay)
@@ -197,7 +197,7 @@ def verify_kernel(t, io, lay, NV, T: tl.constexpr, KDA: tl.constexpr, BK: tl.con
     o_base = t.out + b * io.out_b + h * io.out_h + offs_v * io.out_v
     o_cols = mv if WRITE_IDLE else mv_in
     tl.debug_barrier()  # (flush rows) the fold's u reads are done before the window's u stores
-    for i in tl.static_range(T):
+    for i in range(T):
         kv = tl.load(k_base + i * io.k_t + offs_k * io.k_k, mask=mk_in, other=0.0).to(tl.float32)
         qv = tl.load(q_base + i * io.q_t + offs_k * io.q_k, mask=mk_in, other=0.0).to(tl.float32)
         vv = tl.load(v_base + i * io.v_t + offs_v * io.v_v, mask=mv_in, other=0.0).to(tl.float32)
