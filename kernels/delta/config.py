@@ -2,7 +2,8 @@
 
 ``LaunchConfig`` holds the knobs of one replay step (the one-launch kernel for small batches, or
 the coefficient, output and flush launches); ``default_config`` picks them from the shapes alone,
-one rule per line with its reason. The measurements behind each rule:
+one rule per line with its reason. ``VerifyConfig`` / ``default_verify_config``: the same for the
+verify step of speculative decoding (``verify_programs.py``). The measurements behind each rule:
 examples/benchmarks/TUNING.md, section "Delta rule".
 """
 
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-__all__ = ["LaunchConfig", "SMALL_BATCH_MAX", "default_config"]
+__all__ = ["LaunchConfig", "SMALL_BATCH_MAX", "VerifyConfig", "default_config", "default_verify_config"]
 
 #: batches up to this many rows run the one-launch kernel (launch latency dominates there)
 SMALL_BATCH_MAX = 4
@@ -115,3 +116,29 @@ def default_config(Bt: int, K: int, V: int, state_dtype: torch.dtype, kda: bool)
         flush_prefetch=not kda and fp32,  # GDN fp32: each column block's checkpoint tile a block ahead
         dependent_launch=kda and fp32,  # KDA fp32: the output launch under the coefficient launch's tail
     )
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    """Knobs of one delta-rule verify step.
+
+    block_v, num_warps: value columns and warps of a program (whose tile spans the key dim).
+    arrive: the cursors move on inside the launch (arrivals on the cursor word, ``kernels/cursor.py``)
+        instead of in a second, per-row launch; needs int32 cursors and L <= 127.
+    """
+
+    block_v: int = 32
+    num_warps: int = 4
+    arrive: bool = True
+
+    def __post_init__(self):
+        for name in ("block_v", "num_warps"):
+            if not _is_pow2(getattr(self, name)):
+                raise ValueError(f"VerifyConfig.{name} must be a power of two; got {getattr(self, name)!r}")
+
+
+@functools.lru_cache(maxsize=256)
+def default_verify_config(K: int) -> VerifyConfig:
+    """The verify step of a layer with key dim ``K``: (not tuned yet) the one-launch decode
+    kernel's tile, 32 columns by the key dim, on 4 warps (8 above K = 128)."""
+    return VerifyConfig(block_v=32, num_warps=4 if triton.next_power_of_2(K) <= 128 else 8)

@@ -1,17 +1,18 @@
 """The delta-rule verify step as a PyTorch custom operator (``torch.ops.replayssm.delta_replay_verify``):
 opaque to ``torch.compile`` and free of host synchronisation, so it can be captured in a CUDA graph.
 
-First step: the operator runs the PyTorch reference (``verify.delta_replay_verify_reference``) on
-the device: per window token one reconstruction of the state from the checkpoint and the ring
-(T state-sized temporaries, no per-token state write to the cache). A fused Triton program (the
-checkpoint read once, the window's corrections by a T x T triangular solve) replaces it here
-without changing the signature.
+On CUDA tensors, and on CPU tensors under the Triton interpreter, the operator launches the fused
+Triton program (``verify_launch.launch_verify``: each checkpoint tile read once for all T outputs,
+advanced over the ring by one matrix product, then the window's tokens stepped on it in registers);
+elsewhere (no Triton, or CPU tensors without the interpreter) it runs the PyTorch reference
+(``verify.delta_replay_verify_reference``).
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..backend import triton_available, triton_interpreter_on
 from .verify import delta_replay_verify_reference
 
 __all__ = ["delta_replay_verify_triton", "verify_op"]
@@ -23,7 +24,11 @@ def verify_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
               state: torch.Tensor, u_buf: torch.Tensor, k_buf: torch.Tensor, g_buf: torch.Tensor, cursor: torch.Tensor,
               out: torch.Tensor, zero_idle: bool) -> None:
     """One verify step written into ``out`` (idle rows: zeros if ``zero_idle``, else untouched)."""
-    if zero_idle:
+    if triton_available() and (v.is_cuda or triton_interpreter_on()):
+        from .verify_launch import launch_verify
+
+        launch_verify(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, write_idle=zero_idle)
+    elif zero_idle:
         out.copy_(delta_replay_verify_reference(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor))
     else:
         delta_replay_verify_reference(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out)
