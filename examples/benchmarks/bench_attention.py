@@ -26,16 +26,17 @@ default. Writes ``attention.json`` and ``attention.md`` under ``--out`` (default
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
 import json
 import math
 import os
 import statistics
 import sys
-from pathlib import Path
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run_record import run_meta, write_run  # noqa: E402
 
 #: (Hq, Hkv, Dk, Dv) of the presets' attention layers (replayssm_convert/presets.py); Kimi-Linear's MLA
 #: layers expand their latent cache to 32 heads of 192-wide keys (128 + 64 rotary) and 128-wide values
@@ -285,7 +286,6 @@ def main(argv=None) -> int:
         print(f"bench_attention: {e}", file=sys.stderr)
         return 2
     import transformers
-    import triton
     from transformers.integrations import sdpa_attention
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -298,17 +298,10 @@ def main(argv=None) -> int:
             print(json.dumps({k: v for k, v in row.items() if k != "sweep"}), flush=True)
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
-    meta = dict(date=datetime.date.today().isoformat(),
-                gpu=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (smoke run)",
-                torch=torch.__version__, triton=triton.__version__, transformers=transformers.__version__,
-                hf_sdpa="sdpa_grouped" if hasattr(sdpa_attention, "pack_gqa") else "sdpa_repeated",
-                dtype=args.dtype, reps=args.reps, live=args.live, copy_bw_TBps=round(args.copy_bw / 1e12, 3),
-                command="python examples/benchmarks/bench_attention.py " + " ".join(argv))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "attention.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-    (out / "attention.md").write_text(markdown(meta, rows))
-    print(markdown(meta, rows))
+    meta = run_meta("bench_attention.py", argv, dev, transformers=transformers.__version__,
+                    hf_sdpa="sdpa_grouped" if hasattr(sdpa_attention, "pack_gqa") else "sdpa_repeated",
+                    dtype=args.dtype, reps=args.reps, live=args.live, copy_bw_TBps=round(args.copy_bw / 1e12, 3))
+    write_run(args.out, "attention", meta, rows, markdown)
     return 0
 
 

@@ -27,7 +27,6 @@ Method and results: examples/benchmarks/README.md; tuning record: TUNING.md.
 from __future__ import annotations
 
 import argparse
-import datetime
 import inspect
 import json
 import math
@@ -39,6 +38,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from baselines import load_baseline_tree, load_fla, load_hf, load_mamba_ssm  # noqa: E402
+from run_record import run_meta, write_run  # noqa: E402
 
 SHAPES = {  # mamba2: (H, P, N, G); delta: (Hk, HV, K, V, kda)
     "mamba2": {"nemotron3-super": (128, 64, 128, 8), "nemotron3-nano-4b": (96, 80, 128, 8),
@@ -444,7 +444,6 @@ def main(argv=None) -> int:
     except UsageError as e:
         print(f"bench_kernels: {e}", file=sys.stderr)
         return 2
-    import triton
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     extra, notes = {}, {}
@@ -464,17 +463,10 @@ def main(argv=None) -> int:
                     if dev.type == "cuda":
                         torch.cuda.empty_cache()
     add_relative_columns(rows)
-    meta = dict(date=datetime.date.today().isoformat(),
-                gpu=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (smoke run)",
-                torch=torch.__version__, triton=triton.__version__, L=args.L, reps=args.reps, stagger=args.stagger,
-                reference="baseline" if args.baseline_tree else "replay", baseline_tree=args.baseline_tree,
-                copy_bw_TBps=round(args.copy_bw / 1e12, 3), others=notes,
-                command="python examples/benchmarks/bench_kernels.py " + " ".join(argv))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "kernels.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-    (out / "kernels.md").write_text(markdown(meta, rows))
-    print(markdown(meta, rows))
+    meta = run_meta("bench_kernels.py", argv, dev, L=args.L, reps=args.reps, stagger=args.stagger,
+                    reference="baseline" if args.baseline_tree else "replay", baseline_tree=args.baseline_tree,
+                    copy_bw_TBps=round(args.copy_bw / 1e12, 3), others=notes)
+    write_run(args.out, "kernels", meta, rows, markdown)
     return 0
 
 
