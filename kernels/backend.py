@@ -52,6 +52,8 @@ def resolve_backend(requested: str, device: torch.device) -> str:
     Raises ``KernelBackendError`` when Triton is forced but cannot run there.
     """
     forced = os.environ.get(ENV_VAR)
+    if forced is None and requested == "auto":  # the per-call case of the decode step: nothing to parse
+        return "triton" if (device.type == "cuda" and triton_available()) else "torch"
     choice = (forced or requested or "auto").lower()
     if choice not in BACKENDS:
         source = f"${ENV_VAR}" if forced else "backend"

@@ -13,11 +13,10 @@ pickles of a patched model stay self-contained; ``unfuse_decode_linears`` remove
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
-from replayssm.kernels.backend import ENV_VAR, resolve_backend, triton_available
+from replayssm.kernels.backend import resolve_backend
 from replayssm.kernels.linear import linear_small_batch_triton
 
 #: devices and weight dtypes whose small-batch calls run the kernel
@@ -39,14 +38,6 @@ def _capturing() -> bool:
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def _triton_allowed(device: torch.device) -> bool:
-    """``resolve_backend("auto", device) == "triton"`` for a device the kernel takes, without its
-    parsing (a few µs a call) when ``REPLAYSSM_BACKEND`` is unset."""
-    if os.environ.get(ENV_VAR) is None:
-        return triton_available()
-    return resolve_backend("auto", device) == "triton"
-
-
 def _small_batch_forward(module: torch.nn.Linear, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 (nn.Linear's name)
     x, params = input, module._parameters  # (not module.weight: __getattr__ costs a µs or more a call)
     weight, bias = params.get("weight"), params.get("bias")
@@ -56,7 +47,7 @@ def _small_batch_forward(module: torch.nn.Linear, input: torch.Tensor) -> torch.
             and x.dim() >= 1 and 0 < x.numel() <= DECODE_ROWS * weight.shape[1] and x.shape[-1] == weight.shape[1]
             and x.device.type in KERNEL_DEVICES and weight.device == x.device and weight.stride(-1) == 1
             and not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
-            and _capturing() and _triton_allowed(x.device)):
+            and _capturing() and resolve_backend("auto", x.device) == "triton"):
         return linear_small_batch_triton(x, weight, bias)
     return type(module).forward(module, x)
 

@@ -47,7 +47,7 @@ def _force_kernel_on_cpu_fp32(monkeypatch):
     monkeypatch.setattr(fused_linear, "KERNEL_WEIGHT_DTYPES", (torch.float32,))
     monkeypatch.setattr(fused_linear, "DECODE_ROWS", 16)
     monkeypatch.setattr(fused_linear, "_capturing", lambda: True)
-    monkeypatch.delenv("REPLAYSSM_BACKEND", raising=False)
+    monkeypatch.setenv("REPLAYSSM_BACKEND", "triton")  # Triton on CPU tensors: the interpreter
 
 
 def test_fuse_and_unfuse_restore_exactly():
@@ -127,7 +127,7 @@ def test_forced_kernel_path_matches_the_module(monkeypatch):
         monkeypatch.setenv("REPLAYSSM_BACKEND", "torch")  # the override is honoured
         with torch.no_grad():
             assert torch.equal(model(ids).logits, want) and calls == []
-        monkeypatch.delenv("REPLAYSSM_BACKEND")
+        monkeypatch.setenv("REPLAYSSM_BACKEND", "triton")
         monkeypatch.setattr(fused_linear, "KERNEL_WEIGHT_DTYPES", (torch.bfloat16, torch.float16))
         with torch.no_grad():
             assert torch.equal(model(ids).logits, want) and calls == []  # fp32 weights: the module's path
