@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -94,8 +95,10 @@ GROUPED_SDPA = "replayssm_grouped_sdpa"
 _SAVED_ATTN = "_replayssm_saved_attn_implementation"
 
 
+@functools.cache
 def sdpa_groups_decode_queries() -> bool:
-    """Whether this transformers' ``sdpa`` attention already skips ``repeat_kv`` for one query token."""
+    """Whether this transformers' ``sdpa`` attention already skips ``repeat_kv`` for one query token.
+    Answered once, when a model is patched: torch.compile (torch 2.11) cannot trace the import."""
     from transformers.integrations import sdpa_attention
 
     return hasattr(sdpa_attention, "pack_gqa")
@@ -116,7 +119,7 @@ def grouped_sdpa_attention(module, query, key, value, attention_mask, dropout=0.
         return out, None
     groups = getattr(module, "num_key_value_groups", 1)
     mask = attention_mask
-    if (sdpa_groups_decode_queries() or groups <= 1 or query.shape[2] != 1 or torch.compiler.is_compiling()
+    if (torch.compiler.is_compiling() or sdpa_groups_decode_queries() or groups <= 1 or query.shape[2] != 1
             or kwargs.get("position_bias") is not None
             or (mask is not None and (mask.dim() != 4 or mask.shape[1] != 1))
             or query.shape[1] != key.shape[1] * groups):
@@ -140,6 +143,7 @@ def use_grouped_decode_attention(model) -> bool:
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     from transformers.modeling_utils import AttentionInterface
 
+    sdpa_groups_decode_queries()  # answered here, outside any compiled region
     AttentionInterface.register(GROUPED_SDPA, grouped_sdpa_attention)
     AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)
     model.set_attn_implementation(GROUPED_SDPA)
