@@ -30,7 +30,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .backend import num_sms, resolve_backend
+from .backend import is_pow2, num_sms, resolve_backend
 
 __all__ = ["M_MAX", "LaunchConfig", "default_config", "linear_small_batch", "linear_small_batch_reference",
            "split_plan"]
@@ -50,10 +50,6 @@ _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 def _cdiv(a: int, b: int) -> int:  # (triton.cdiv is a jitted function: slow to call from the host)
     return -(-a // b)
-
-
-def _is_pow2(v: int) -> bool:
-    return v >= 1 and v & (v - 1) == 0
 
 
 @dataclass(frozen=True)
@@ -79,7 +75,7 @@ class LaunchConfig:
 
     def __post_init__(self):
         for name in ("block_n", "block_k", "num_warps"):
-            if not _is_pow2(getattr(self, name)):
+            if not is_pow2(getattr(self, name)):
                 raise ValueError(f"LaunchConfig.{name} must be a power of two; got {getattr(self, name)!r}")
         if self.num_stages < 1 or self.split_k < 1:
             raise ValueError(f"LaunchConfig.num_stages and split_k must be positive; got {self.num_stages}, "
