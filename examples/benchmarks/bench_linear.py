@@ -42,15 +42,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_kernels import copy_bandwidth, time_steps  # noqa: E402
+from run_record import UsageError  # noqa: E402
 
 PRESETS = ("nemotron3-nano-like", "qwen3.5-4b-like", "kimi-linear-like")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 MIN_CALLS = 20
 MAX_COPIES = 2048
-
-
-class UsageError(Exception):
-    """Bad command-line input (one line, exit status 2)."""
 
 
 def preset_linear_shapes(name: str) -> collections.Counter:
