@@ -7,8 +7,9 @@ Semantics: ``reference.py``. With ``c`` buffered entries and the decayed history
 ring coefficients (``coef_kernel`` / ``gdn_coef_kernel``, which also write the advanced
 cursors to a scratch), a read-only output launch (``output_kernel``), and a persistent flush
 launch (``flush_kernel``) over the rows whose cursor is ``L - 1``, which rebuilds their
-checkpoint (and computes their step with ``OUTPUT``) and copies the cursors back. Host side:
-``launch.py``; reasons for the defaults: examples/benchmarks/TUNING.md.
+checkpoint (and computes their step with ``OUTPUT``) and copies the cursors back. Helpers shared
+with the other delta-rule programs: ``tiles.py``, ``gates.py``. Host side: ``launch.py``; reasons
+for the defaults: examples/benchmarks/TUNING.md.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ block of head-dim lanes. It reads the row's cursor ``c`` on the device: ``0 <= c
 the output-only route (``y = abar (S0 . C) + sum_j w_j (B_j . C) x_j``; the checkpoint is only
 read), ``c == L - 1`` the state-and-output route (``S = abar S0 + X^T diag(w) B`` over the window,
 stored as the new checkpoint, ``y`` read from the fp32 ``S``). Both append ``(x, dt, B)`` at slot
-``c``; the row's last program to arrive moves the cursor on. Launch and tuning: ``launch.py``,
-``config.py`` (reasons: examples/benchmarks/TUNING.md).
+``c``; the row's last program to arrive moves the cursor on. Per-head helpers: ``heads.py``.
+Launch and tuning: ``launch.py``, ``config.py`` (reasons: examples/benchmarks/TUNING.md).
 """
 
 from __future__ import annotations
