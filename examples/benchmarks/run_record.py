@@ -18,7 +18,7 @@ class UsageError(Exception):
 
 def cuda_or_smoke(smoke: bool) -> None:
     """A CUDA device, or else ``--smoke``: the Triton kernels then run under the interpreter
-    (``TRITON_INTERPRET=1``, set here, before anything imports triton). UsageError otherwise."""
+    (``TRITON_INTERPRET=1``, set here: call it before anything imports triton). UsageError otherwise."""
     if not torch.cuda.is_available():
         if not smoke:
             raise UsageError("needs a CUDA device (--smoke runs tiny shapes anywhere)")
