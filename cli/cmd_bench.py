@@ -73,7 +73,7 @@ def bench_command(
 
       replayssm bench tiny:qwen3_5 --smoke
     """
-    from replayssm.bench import SMOKE, BenchError, BenchSettings, parse_batch_sizes, parse_variants
+    from replayssm.bench_settings import SMOKE, BenchError, BenchSettings, parse_batch_sizes, parse_variants
     from replayssm.bench_output import PLOT_HINT, check_output_path, matplotlib_available
     from replayssm.presets import preset as get_preset
 

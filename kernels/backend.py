@@ -7,6 +7,9 @@
 * ``"triton"``: always the Triton kernels; on CPU tensors this needs ``TRITON_INTERPRET=1``
   in the environment before Triton is imported (the interpreter runs the same kernels).
 * ``"torch"``: always the PyTorch reference.
+
+Also the host-side helpers that every kernel family's launch code shares: ``num_sms``,
+``dependent_launch_supported``, ``compiled_in``, ``pow2`` and ``is_pow2``.
 """
 
 from __future__ import annotations
@@ -95,6 +98,16 @@ def dependent_launch_supported(device_type: str, index: int | None = None) -> bo
         return False
     cap = torch.cuda.get_device_capability(index if index is not None else torch.cuda.current_device())
     return cap[0] >= 9
+
+
+def pow2(v: int) -> int:
+    """The smallest power of two >= ``v`` (1 for ``v <= 1``): a block size covering ``v``."""
+    return 1 << (max(1, int(v)) - 1).bit_length()
+
+
+def is_pow2(v: int) -> bool:
+    """Whether ``v`` is a positive power of two (a launch knob's check)."""
+    return v >= 1 and v & (v - 1) == 0
 
 
 def compiled_in(values: tuple) -> tuple:

@@ -1,15 +1,16 @@
-"""y = x @ weight.T (+ bias) for a few rows of x, streaming the weight once: the decode step's
-linear layers at small batch, where reading the weight is the whole cost.
+"""y = x @ weight.T (+ bias) for one or two rows of x, streaming the weight once: the decode step's
+linear layers at batch 1, where reading the weight is the whole cost.
 
 ``linear_small_batch(x, weight, bias=None)``: x (..., K) with M = x.numel() / K rows, 1 <= M <=
-``M_MAX``, in bf16, fp16 or fp32; weight (N, K) with unit stride along K (``nn.Linear``'s layout)
-and x's dtype; bias (N,) or None. Products and sums are fp32, rounded once to x's dtype (as
-cuBLAS does), so the result is F.linear's within one rounding of the output.
+``M_MAX`` (2), in bf16, fp16 or fp32; weight (N, K) with unit stride along K (``nn.Linear``'s
+layout) and x's dtype; bias (N,) or None. Products and sums are fp32, rounded once to x's dtype
+(as cuBLAS does), so the result is F.linear's within one rounding of the output. More rows are
+left to cuBLAS, which was faster there (a tensor-core form of this kernel included); the patch
+calls it with one row (``patches/fused_linear.py``).
 
 Each program owns ``block_n`` output columns (weight rows) and every row of x: it walks its
-share of K in ``block_k`` tiles, each weight tile loaded once, coalesced along K, for all M rows.
-With few rows the products are fp32 FMAs into a (rows, block_n, block_k) accumulator summed over
-K once at the end; with more rows of 16-bit data they are ``tl.dot``s on a 16-row tile. When N
+share of K in ``block_k`` tiles, each weight tile loaded once, coalesced along K, for all M rows,
+and accumulates fp32 FMAs in a (rows, block_n, block_k) tile summed over K once at the end. When N
 alone gives too few programs for the multiprocessors, K is split over ``split_k`` programs per
 column block, which write fp32 partial sums that a second launch adds in a fixed order (with the
 bias): the result is deterministic, unlike fp32 atomics. Every buffer has a size fixed by the
@@ -30,15 +31,13 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .backend import num_sms, resolve_backend
+from .backend import is_pow2, num_sms, resolve_backend
 
 __all__ = ["M_MAX", "LaunchConfig", "default_config", "linear_small_batch", "linear_small_batch_reference",
            "split_plan"]
 
-#: the most rows of x the kernel takes (one 16-row ``tl.dot`` tile)
-M_MAX = 16
-#: rows above which 16-bit inputs use ``tl.dot`` (the FMA accumulator grows with the rows)
-FMA_ROWS_MAX = 2
+#: the most rows of x the kernel takes (its FMA accumulator grows with the rows)
+M_MAX = 2
 #: fp32 accumulator registers per thread of an FMA program (all rows)
 _FMA_ACC_REGS = 32
 #: weights smaller than this are never split: the partial sums' second launch costs about as much
@@ -52,22 +51,16 @@ def _cdiv(a: int, b: int) -> int:  # (triton.cdiv is a jitted function: slow to 
     return -(-a // b)
 
 
-def _is_pow2(v: int) -> bool:
-    return v >= 1 and v & (v - 1) == 0
-
-
 @dataclass(frozen=True)
 class LaunchConfig:
     """Knobs of one small-batch linear launch.
 
-    block_n: output columns (weight rows) per program; at least 16 with ``use_dot``.
+    block_n: output columns (weight rows) per program.
     block_k: K tile a program loads per step (``block_n`` x ``block_k`` weight elements).
     num_warps: warps per program.
     num_stages: weight tiles in flight per program (software pipelining of the K loop).
     split_k: programs sharing one column block's K (rounded to whole ``block_k`` tiles, see
         ``split_plan``); above 1, partial sums and a second launch.
-    use_dot: the products as ``tl.dot`` on a 16-row tile of x (16-bit tensor cores, or ``ieee``
-        fp32), else fp32 FMAs.
     """
 
     block_n: int
@@ -75,18 +68,14 @@ class LaunchConfig:
     num_warps: int
     num_stages: int = 3
     split_k: int = 1
-    use_dot: bool = False
 
     def __post_init__(self):
         for name in ("block_n", "block_k", "num_warps"):
-            if not _is_pow2(getattr(self, name)):
+            if not is_pow2(getattr(self, name)):
                 raise ValueError(f"LaunchConfig.{name} must be a power of two; got {getattr(self, name)!r}")
         if self.num_stages < 1 or self.split_k < 1:
             raise ValueError(f"LaunchConfig.num_stages and split_k must be positive; got {self.num_stages}, "
                              f"{self.split_k}")
-        if self.use_dot and (self.block_n < 16 or self.block_k < 16):
-            raise ValueError(f"LaunchConfig with use_dot needs block_n and block_k >= 16; got {self.block_n}, "
-                             f"{self.block_k}")
 
 
 def _k_tile(K: int, largest: int) -> int:
@@ -104,35 +93,23 @@ def _k_tile(K: int, largest: int) -> int:
 def default_config(N: int, K: int, M: int, itemsize: int, n_sm: int = 132) -> LaunchConfig:
     """The launch for ``M`` rows of x against an (N, K) weight of ``itemsize``-byte elements on a
     device of ``n_sm`` multiprocessors. Rules untuned until a GPU sweep (``bench_linear.py --sweep``)."""
-    # tensor cores for 3+ rows of 16-bit data: one 16-row mma tile holds every row, while the FMA
-    # accumulator (rows x tile) outgrows the registers; fp32 stays on FMAs (an ieee dot is FMAs too)
-    use_dot = itemsize == 2 and M > FMA_ROWS_MAX
     rows = triton.next_power_of_2(M)
-    if use_dot:
-        # K tiles of 256 (128 B lines, 8 KB per 16-row stage), one warp per 16 output columns (the
-        # mma's M), 4 stages in flight: about the bytes per SM the H200 needs with ~4 programs per SM
-        block_k = _k_tile(K, 256)
-        block_n = 64 if _cdiv(N, 64) >= 4 * n_sm else 32 if _cdiv(N, 32) >= 4 * n_sm else 16
-        warps, stages, min_block_n = block_n // 16, 4, 16
-    else:
-        # 4 warps for one row, 8 for more; 32 accumulator registers per thread over all rows: with one
-        # or two rows a tile of 4096 elements (8 KB of bf16) per step; K tiles up to 512 (whole lines)
-        warps = 4 if rows == 1 else 8
-        elements = _FMA_ACC_REGS * 32 * warps // rows
-        block_k = min(_k_tile(K, 512), elements)
-        block_n = max(1, elements // block_k)
-        stages, min_block_n = 3, 2
+    # 4 warps for one row, 8 for two; 32 accumulator registers per thread over all rows: a tile of
+    # 4096 elements (8 KB of bf16) per step; K tiles up to 512 (whole lines)
+    warps = 4 if rows == 1 else 8
+    elements = _FMA_ACC_REGS * 32 * warps // rows
+    block_k = min(_k_tile(K, 512), elements)
+    block_n = max(1, elements // block_k)
     # fewer columns per program until every SM has about four programs (latency hidden across them)
-    while block_n > min_block_n and _cdiv(N, block_n) < 4 * n_sm:
+    while block_n > 2 and _cdiv(N, block_n) < 4 * n_sm:
         block_n //= 2
-    if not use_dot:  # fewer warps for a smaller tile: 8 elements (16 B) a thread, within the registers
-        warps = max(_cdiv(rows * block_n * block_k, 32 * _FMA_ACC_REGS), min(warps, block_n * block_k // 256))
+    # fewer warps for a smaller tile: 8 elements (16 B) a thread, within the registers
+    warps = max(_cdiv(rows * block_n * block_k, 32 * _FMA_ACC_REGS), min(warps, block_n * block_k // 256))
     # split K only when still under two programs per SM and the weight is worth a second launch
     programs, k_tiles, split = _cdiv(N, block_n), _cdiv(K, block_k), 1
     if programs < 2 * n_sm and N * K * itemsize >= _SPLIT_MIN_BYTES:
         split = min(k_tiles, _cdiv(4 * n_sm, programs))
-    return LaunchConfig(block_n=block_n, block_k=block_k, num_warps=warps, num_stages=stages, split_k=split,
-                        use_dot=use_dot)
+    return LaunchConfig(block_n=block_n, block_k=block_k, num_warps=warps, num_stages=3, split_k=split)
 
 
 def split_plan(K: int, cfg: LaunchConfig) -> tuple[int, int]:
@@ -156,8 +133,8 @@ def linear_small_batch_reference(x: torch.Tensor, weight: torch.Tensor, bias: to
 @triton.jit
 def _linear_small_batch_kernel(x, weight, bias, out, partial, M, N, K, k_per_program, stride_xm, stride_wn,
                                stride_om, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                               NUM_STAGES: tl.constexpr, USE_DOT: tl.constexpr, EVEN_K: tl.constexpr,
-                               HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr):
+                               NUM_STAGES: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                               PARTIAL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -170,10 +147,7 @@ def _linear_small_batch_kernel(x, weight, bias, out, partial, M, N, K, k_per_pro
     w_ptrs = weight + w_rows[:, None] * stride_wn + offs_k[None, :]
     k_lo = pid_k * k_per_program
     k_hi = tl.minimum(k_lo + k_per_program, K)
-    if USE_DOT:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
         if EVEN_K:
             w = tl.load(w_ptrs + k)
@@ -182,14 +156,8 @@ def _linear_small_batch_kernel(x, weight, bias, out, partial, M, N, K, k_per_pro
             in_k = (k + offs_k) < K
             w = tl.load(w_ptrs + k, mask=in_k[None, :], other=0.0)
             xk = tl.load(x_ptrs + k, mask=in_k[None, :], other=0.0)
-        if USE_DOT:
-            acc = tl.dot(w, tl.trans(xk), acc, input_precision="ieee")
-        else:
-            acc += xk.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-    if USE_DOT:
-        y = tl.trans(acc)
-    else:
-        y = tl.sum(acc, axis=2)
+        acc += xk.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    y = tl.sum(acc, axis=2)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if PARTIAL:
         tl.store(partial + (pid_k * M + offs_m[:, None]) * N + offs_n[None, :], y, mask=mask)
@@ -219,12 +187,13 @@ def _launch_plan(N: int, K: int, M: int, itemsize: int, n_sm: int, config: Launc
     """(config, K splits, K per program, BLOCK_M) of one call, worked out once per shape."""
     cfg = config or default_config(N, K, M, itemsize, n_sm)
     splits, k_per_program = split_plan(K, cfg)
-    rows = triton.next_power_of_2(M)
-    return cfg, splits, k_per_program, max(16, rows) if cfg.use_dot else rows
+    return cfg, splits, k_per_program, triton.next_power_of_2(M)
 
 
 def linear_small_batch_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                               config: LaunchConfig | None = None) -> torch.Tensor:
+    """The Triton path of ``linear_small_batch`` without its checks (the patched modules' per-call
+    path, which checks the inputs itself: ``patches/fused_linear.py``)."""
     N, K = weight.shape
     x2 = x.reshape(-1, K)
     if x2.stride(-1) != 1:
@@ -239,8 +208,7 @@ def linear_small_batch_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch
     _linear_small_batch_kernel[(_cdiv(N, cfg.block_n), splits)](
         x=x2, weight=weight, bias=None if partial is not None else bias, out=out, partial=partial, M=M, N=N, K=K,
         k_per_program=k_per_program, stride_xm=x2.stride(0), stride_wn=weight.stride(0), stride_om=N,
-        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NUM_STAGES=cfg.num_stages, USE_DOT=cfg.use_dot,
-        num_warps=cfg.num_warps)
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps)
     if partial is not None:
         _split_sum_kernel[(_cdiv(N, _REDUCE_BLOCK), M)](
             partial=partial, bias=bias, out=out, M=M, N=N, splits=splits, stride_om=N, BLOCK=_REDUCE_BLOCK,

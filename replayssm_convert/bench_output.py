@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .bench import BenchError
+from .bench_settings import BenchError
 
 if TYPE_CHECKING:
     from .bench import BenchResult

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,3 +44,12 @@ def test_bad_input_is_refused_in_one_line(bench, tmp_path, capsys):
         assert bench.main(["--smoke", *args, "--out", str(tmp_path / "bad")]) == 2, args
         assert message in capsys.readouterr().err, args
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without a GPU")
+def test_without_a_gpu_it_needs_smoke(bench, tmp_path, capsys):
+    """The shared device check (run_record.cuda_or_smoke): no CUDA and no --smoke is refused in one line."""
+    assert bench.main(["--out", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "bench_attention: needs a CUDA device (--smoke runs tiny shapes anywhere)"
+    assert not (tmp_path / "none").exists()

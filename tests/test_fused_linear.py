@@ -38,14 +38,15 @@ def _count_kernel_calls(monkeypatch):
 
 
 def _force_kernel_on_cpu_fp32(monkeypatch):
-    """The kernel path for CPU tensors and fp32 weights (Triton's interpreter runs it), launched as for
-    a device of 4 multiprocessors (larger tiles: fewer programs to interpret)."""
+    """The kernel path for CPU tensors and fp32 weights (Triton's interpreter runs it), for as many rows as
+    the kernel takes, launched as for a device of 4 multiprocessors (larger tiles: fewer programs to
+    interpret)."""
     from replayssm.kernels import linear
 
     monkeypatch.setattr(linear, "num_sms", lambda *device: 4)
     monkeypatch.setattr(fused_linear, "KERNEL_DEVICES", ("cpu",))
     monkeypatch.setattr(fused_linear, "KERNEL_WEIGHT_DTYPES", (torch.float32,))
-    monkeypatch.setattr(fused_linear, "DECODE_ROWS", 16)
+    monkeypatch.setattr(fused_linear, "DECODE_ROWS", linear.M_MAX)
     monkeypatch.setattr(fused_linear, "_capturing", lambda: True)
     monkeypatch.setenv("REPLAYSSM_BACKEND", "triton")  # Triton on CPU tensors: the interpreter
 
@@ -101,11 +102,11 @@ def test_cpu_tensors_take_the_module_path(monkeypatch):
 
 @needs_interpreter
 def test_forced_kernel_path_matches_the_module(monkeypatch):
-    """Every linear of a forward of 2 x 3 tokens runs the kernel (interpreter, fp32): logits within fp32
-    rounding of the unpatched model's; above the rows it takes, with autograd, with REPLAYSSM_BACKEND=torch and for
-    other dtypes the module runs."""
+    """Every linear of a forward of 1 x 2 tokens (the kernel's M_MAX rows) runs the kernel (interpreter, fp32):
+    logits within fp32 rounding of the unpatched model's; above the rows it takes, with autograd, with
+    REPLAYSSM_BACKEND=torch and for other dtypes the module runs."""
     model = tiny("qwen3_5")
-    ids = _ids()
+    ids = _ids(batch=1, length=2)
     with torch.no_grad():
         want = model(ids).logits
     fuse_decode_linears(model)
@@ -115,11 +116,11 @@ def test_forced_kernel_path_matches_the_module(monkeypatch):
         with torch.no_grad():
             got = model(ids).logits
         assert {id(w) for _, w in calls} == {id(m.weight) for m in _linears(model)}
-        assert all(shape[:-1] == (2, 3) for shape, _ in calls)
+        assert all(shape[:-1] == (1, 2) for shape, _ in calls)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
         calls.clear()
-        with torch.no_grad():  # 18 rows: more than the rows the kernel takes
-            model(_ids(batch=6, length=3))
+        with torch.no_grad():  # 3 rows: more than the rows the kernel takes
+            model(_ids(batch=1, length=3))
         loss = model(ids).logits.square().mean()  # autograd: the module's forward, gradients flow
         loss.backward()
         assert calls == [] and model.lm_head.weight.grad is not None

@@ -36,7 +36,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from run_record import run_meta, write_run  # noqa: E402
+from run_record import UsageError, cuda_or_smoke, run_meta, write_run  # noqa: E402
 
 #: (Hq, Hkv, Dk, Dv) of the presets' attention layers (replayssm_convert/presets.py); Kimi-Linear's MLA
 #: layers expand their latent cache to 32 heads of 192-wide keys (128 + 64 rotary) and 128-wide values
@@ -49,10 +49,6 @@ SMOKE_SHAPES = {"smoke-gqa": (4, 2, 16, 16), "smoke-mla": (2, 2, 24, 16)}
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 L2_BYTES = 60e6
 VARIANTS = ("sdpa_grouped", "sdpa_repeated", "triton")
-
-
-class UsageError(Exception):
-    """Bad command-line input (one line, exit status 2)."""
 
 
 def parse(argv):
@@ -278,10 +274,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         args = parse(argv)
-        if not torch.cuda.is_available():
-            if not args.smoke:
-                raise UsageError("needs a CUDA device (--smoke runs tiny shapes anywhere)")
-            os.environ.setdefault("TRITON_INTERPRET", "1")
+        cuda_or_smoke(args.smoke)
     except UsageError as e:
         print(f"bench_attention: {e}", file=sys.stderr)
         return 2

@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from baselines import load_baseline_tree, load_fla, load_hf, load_mamba_ssm  # noqa: E402
-from run_record import run_meta, write_run  # noqa: E402
+from run_record import UsageError, cuda_or_smoke, run_meta, write_run  # noqa: E402
 
 SHAPES = {  # mamba2: (H, P, N, G); delta: (Hk, HV, K, V, kda)
     "mamba2": {"nemotron3-super": (128, 64, 128, 8), "nemotron3-nano-4b": (96, 80, 128, 8),
@@ -54,10 +54,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float8_e4m3fn":
 SCALED = (torch.float8_e4m3fn, torch.int8)
 L2_BYTES = 60e6
 ACT = torch.bfloat16
-
-
-class UsageError(Exception):
-    """Bad command-line input (one line, exit status 2)."""
 
 
 def _l2n(t):
@@ -431,10 +427,7 @@ def main(argv=None) -> int:
         return fla_child(argv[1])
     try:
         args = parse(argv)
-        if not torch.cuda.is_available():
-            if not args.smoke:
-                raise UsageError("needs a CUDA device (--smoke runs tiny shapes anywhere)")
-            os.environ.setdefault("TRITON_INTERPRET", "1")
+        cuda_or_smoke(args.smoke)
         import replayssm.kernels.delta as delta
         import replayssm.kernels.mamba2 as mamba2
 

@@ -10,18 +10,19 @@ counted too), the fraction of the device-to-device copy bandwidth measured in th
 + written by a 1 GiB ``copy_``), cuBLAS / Triton time (``speedup``), the largest difference from the
 fp32 result relative to its largest value for both, and ``host_us``: the wall time of an eager call in
 a Python loop (host-bound for small shapes; what an eager decode step pays). Then, per preset, one
-decode step's linear layers (each shape's time x its count) for cuBLAS and Triton at M = 1 and 8.
+decode step's linear layers (each shape's time x its count) for cuBLAS and Triton at M = 1 and 2
+(the kernel takes at most ``M_MAX`` = 2 rows).
 
 ``--sweep`` times, per (N, K, M), the default launch and the variants one knob away from it (column
-block, K tile, warps, stages, split, FMA / dot): one JSON line per candidate, then a table of the best
-against the default, from which ``default_config``'s rules can be tuned (about 15 candidates a case:
-take a few batch sizes per run, e.g. ``--batches 1,8``, to stay within a 10-minute command).
+block, K tile, warps, stages, split): one JSON line per candidate, then a table of the best against
+the default, from which ``default_config``'s rules can be tuned (about 15 candidates a case: take one
+batch size or preset per run, e.g. ``--batches 1``, to stay within a 10-minute command).
 
 One JSON line per case on stdout, then the tables; ``--out DIR`` also writes ``linear.jsonl`` there.
 GPU only.
 
     python examples/benchmarks/bench_linear.py
-    python examples/benchmarks/bench_linear.py --sweep --batches 1,8 --presets qwen3.5-4b-like
+    python examples/benchmarks/bench_linear.py --sweep --batches 1 --presets qwen3.5-4b-like
 """
 
 from __future__ import annotations
@@ -42,15 +43,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_kernels import copy_bandwidth, time_steps  # noqa: E402
+from run_record import UsageError  # noqa: E402
 
 PRESETS = ("nemotron3-nano-like", "qwen3.5-4b-like", "kimi-linear-like")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 MIN_CALLS = 20
 MAX_COPIES = 2048
-
-
-class UsageError(Exception):
-    """Bad command-line input (one line, exit status 2)."""
 
 
 def preset_linear_shapes(name: str) -> collections.Counter:
@@ -72,8 +70,7 @@ def _ints(text: str, flag: str) -> list[int]:
 
 
 def sweep_candidates(N: int, K: int, M: int, itemsize: int, n_sm: int) -> list:
-    """The default launch first, then the valid variants one knob away from it, and the other product
-    form (FMA / dot) at its own default tile."""
+    """The default launch first, then the valid variants one knob away from it."""
     import triton
 
     from replayssm.kernels.linear import default_config
@@ -88,14 +85,10 @@ def sweep_candidates(N: int, K: int, M: int, itemsize: int, n_sm: int) -> list:
         for v in values:
             try:
                 cand = dataclasses.replace(base, **{name: v})
-            except ValueError:  # not a valid launch (a zero, a dot tile under 16)
+            except ValueError:  # not a valid launch (a zero)
                 continue
             if cand not in out and cand.block_k <= max(64, triton.next_power_of_2(K)) and cand.num_warps <= 16:
                 out.append(cand)
-    if itemsize == 2:  # FMA tiles within the registers for M rows come from the fp32 rules; dot from 16 rows
-        flip = default_config(N, K, M, 4, n_sm) if base.use_dot else default_config(N, K, 16, 2, n_sm)
-        if flip not in out:
-            out.append(flip)
     return out
 
 
@@ -175,16 +168,15 @@ def sweep_case(N, K, M, args, dev, l2, n_sm) -> list[dict]:
 
 
 def _fmt_cfg(c: dict) -> str:
-    return (f"{'dot' if c['use_dot'] else 'fma'} n{c['block_n']} k{c['block_k']} w{c['num_warps']} "
-            f"s{c['num_stages']} x{c['split_k']}")
+    return f"n{c['block_n']} k{c['block_k']} w{c['num_warps']} s{c['num_stages']} x{c['split_k']}"
 
 
 def step_sums(rows, shapes_by_preset) -> list[dict]:
-    """Per preset and M in (1, 8): one decode step's linear layers, each shape's time x its count."""
+    """Per preset and M in (1, 2): one decode step's linear layers, each shape's time x its count."""
     by = {(r["N"], r["K"], r["M"]): r["us"] for r in rows}
     sums = []
     for preset, shapes in shapes_by_preset.items():
-        for M in (1, 8):
+        for M in (1, 2):
             if all((N, K, M) in by for N, K in shapes):
                 tot = {k: sum(n * by[(N, K, M)][k] for (N, K), n in shapes.items()) for k in ("cublas", "triton")}
                 sums.append({"preset": preset, "M": M, "step_us": tot, "speedup": tot["cublas"] / tot["triton"]})
@@ -223,7 +215,7 @@ def print_sweep_table(rows) -> None:
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--presets", default=",".join(PRESETS), help="comma-separated preset names")
-    p.add_argument("--batches", default="1,2,4,8,16", help="rows of x (M), comma-separated, 1-16")
+    p.add_argument("--batches", default="1,2", help="rows of x (M), comma-separated, 1-2 (the kernel's M_MAX)")
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     p.add_argument("--reps", type=int, default=2, help="interleaved timing rounds (median kept)")
     p.add_argument("--sweep", action="store_true", help="time launch candidates per shape instead")

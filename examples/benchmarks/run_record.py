@@ -1,13 +1,28 @@
-"""What every kernel benchmark writes: the run's metadata (date, GPU, versions, command) and its rows as
-``NAME.json`` and ``NAME.md`` in the output folder, the table also printed."""
+"""What every kernel benchmark shares: its command-line errors (``UsageError``) and device check
+(``cuda_or_smoke``), and what it writes: the run's metadata (date, GPU, versions, command) and its rows
+as ``NAME.json`` and ``NAME.md`` in the output folder, the table also printed."""
 
 from __future__ import annotations
 
 import datetime
 import json
+import os
 from pathlib import Path
 
 import torch
+
+
+class UsageError(Exception):
+    """Bad command-line input (one line, exit status 2)."""
+
+
+def cuda_or_smoke(smoke: bool) -> None:
+    """A CUDA device, or else ``--smoke``: the Triton kernels then run under the interpreter
+    (``TRITON_INTERPRET=1``, set here: call it before anything imports triton). UsageError otherwise."""
+    if not torch.cuda.is_available():
+        if not smoke:
+            raise UsageError("needs a CUDA device (--smoke runs tiny shapes anywhere)")
+        os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def run_meta(script: str, argv: list[str], device: torch.device, **extra) -> dict:

@@ -15,16 +15,14 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from ..backend import is_pow2
+
 __all__ = ["LaunchConfig", "SMALL_BATCH_MAX", "VerifyConfig", "default_config", "default_verify_config"]
 
 #: batches up to this many rows run the one-launch kernel (launch latency dominates there)
 SMALL_BATCH_MAX = 4
 #: largest batch whose one-launch kernel reads the cursor with the arrival's atomic
 SMALL_BATCH_ARRIVE_FIRST = 2
-
-
-def _is_pow2(v: int) -> bool:
-    return v >= 1 and v & (v - 1) == 0
 
 
 @dataclass(frozen=True)
@@ -73,7 +71,7 @@ class LaunchConfig:
 
     def __post_init__(self):
         for name in ("block_v", "num_warps", "block_k", "flush_block_v", "flush_warps", "coef_block_k"):
-            if not _is_pow2(getattr(self, name)):
+            if not is_pow2(getattr(self, name)):
                 raise ValueError(f"LaunchConfig.{name} must be a power of two; got {getattr(self, name)!r}")
         if self.block_k > 256:
             raise ValueError(f"LaunchConfig.block_k must be at most 256; got {self.block_k}")
@@ -133,7 +131,7 @@ class VerifyConfig:
 
     def __post_init__(self):
         for name in ("block_v", "num_warps"):
-            if not _is_pow2(getattr(self, name)):
+            if not is_pow2(getattr(self, name)):
                 raise ValueError(f"VerifyConfig.{name} must be a power of two; got {getattr(self, name)!r}")
 
 

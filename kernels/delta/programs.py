@@ -7,8 +7,9 @@ Semantics: ``reference.py``. With ``c`` buffered entries and the decayed history
 ring coefficients (``coef_kernel`` / ``gdn_coef_kernel``, which also write the advanced
 cursors to a scratch), a read-only output launch (``output_kernel``), and a persistent flush
 launch (``flush_kernel``) over the rows whose cursor is ``L - 1``, which rebuilds their
-checkpoint (and computes their step with ``OUTPUT``) and copies the cursors back. Host side:
-``launch.py``; reasons for the defaults: examples/benchmarks/TUNING.md.
+checkpoint (and computes their step with ``OUTPUT``) and copies the cursors back. Helpers shared
+with the other delta-rule programs: ``tiles.py``, ``gates.py``. Host side: ``launch.py``; reasons
+for the defaults: examples/benchmarks/TUNING.md.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import triton.language as tl
 
 from ..cursor import advanced_cursor
 from ..persistent import flush_row_prefix, nth_flush_row
-from ..quant_triton import quantize_tile, row_key, uniform_bits
-from .gates import append_gate_sum, previous_gate_sum
+from .gates import append_gate_sum, gdn_decay_window, previous_gate_sum
+from .tiles import column_scale, head_block, store_state_tile
 
 try:  # grid dependency control (programmatic dependent launch), Triton >= 3.3
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -42,37 +43,6 @@ Layout = namedtuple("Layout", "HV GROUP K V L s_b s_h s_k s_v u_b u_h u_l u_v kb
 
 
 @triton.jit
-def column_scale(b, h, offs_v, mv, t, io, FMT: tl.constexpr):
-    """fp32 scales (BV,) of value columns ``offs_v`` of (row b, value head h)'s checkpoint: one per
-    column over the key dim (1 for unscaled checkpoints, FMT < 3)."""
-    if FMT >= 3:
-        return tl.load(t.scale + b * io.sc_b + h * io.sc_h + offs_v * io.sc_v, mask=mv, other=0.0)
-    else:
-        return tl.full(offs_v.shape, 1.0, tl.float32)
-
-
-@triton.jit
-def store_state_tile(ptrs, s_new, mk, mv, b, h, offs_k, offs_v, t, io, lay, FMT: tl.constexpr, SR: tl.constexpr):
-    """Store a checkpoint tile (BK, BV) that spans the key dim: a plain cast, or (FMT >= 3 / SR)
-    through ``quant_triton.quantize_tile`` over the key dim (the column scales stored too), with
-    the random bits of element ``(h K + k) V + v`` under the row's key (``state_rng`` [seed,
-    counter], the counter advanced before the launch)."""
-    m2 = mk[:, None] & mv[None, :]
-    if (FMT >= 3) | SR:
-        if SR:
-            key = row_key(tl.load(t.rng + b * io.rng_b), tl.load(t.rng + b * io.rng_b + 1))
-            u = uniform_bits(key, (h * lay.K + offs_k[:, None]) * lay.V + offs_v[None, :])
-        else:
-            u = 0
-        q, d = quantize_tile(tl.where(m2, s_new, 0.0), u, 0, FMT, SR)
-        tl.store(ptrs, q.to(t.state.dtype.element_ty), mask=m2)
-        if FMT >= 3:
-            tl.store(t.scale + b * io.sc_b + h * io.sc_h + offs_v * io.sc_v, d, mask=mv)
-    else:
-        tl.store(ptrs, s_new.to(t.state.dtype.element_ty), mask=m2)
-
-
-@triton.jit
 def _key_tiles(q_base, k_base, kb_base, offs_k, mk, offs_l, inl, io, lay):
     """fp32 key-dim tile ``offs_k`` of k_c, of q, and of the ring keys transposed (BK, LP)
     (slots bounded by ``inl``; the caller selects stale ones away)."""
@@ -82,15 +52,6 @@ def _key_tiles(q_base, k_base, kb_base, offs_k, mk, offs_l, inl, io, lay):
                  mask=mk[:, None] & inl[None, :], other=0.0).to(tl.float32)
     return kv, qv, kw
 
-
-@triton.jit
-def gdn_decay_window(gb_row, g_cur, offs_l, ml, inl, lay):
-    """Gated DeltaNet decays of one (row, value head): (w (LP,) = exp(G_c - G_j) over the ring
-    slots ``ml``, zero elsewhere; exp(G_c)), from its gate ring row and current gate."""
-    gh = tl.load(gb_row + offs_l * lay.gb_l, mask=inl, other=0.0).to(tl.float32)
-    gh = tl.where(ml, gh, 0.0)
-    gtot = tl.sum(gh, axis=0) + tl.load(g_cur).to(tl.float32)
-    return tl.where(ml, tl.exp(gtot - tl.cumsum(gh, axis=0)), 0.0), tl.exp(gtot)
 
 
 @triton.jit
@@ -284,15 +245,6 @@ def _append_entry(b, h, c, i_v, u, offs_v, mv, t, io, lay, KDA: tl.constexpr, BK
             gs = tl.load(t.g + b * io.g_b + h * io.g_h)
             tl.store(t.g_buf + b * lay.gb_b + h * lay.gb_h + c * lay.gb_l, gs.to(t.g_buf.dtype.element_ty))
 
-
-@triton.jit
-def head_block(NV, lay):
-    """(column block, row x value head, row (int64), value head, key head) of a program that owns one
-    block of value columns of one (row, value head)."""
-    pid = tl.program_id(0)
-    i_bh = pid // NV
-    h = i_bh % lay.HV
-    return pid % NV, i_bh, (i_bh // lay.HV).to(tl.int64), h, h // lay.GROUP
 
 
 @triton.jit

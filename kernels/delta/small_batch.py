@@ -18,7 +18,7 @@ import triton.language as tl
 
 from ..cursor import advanced_cursor, arrive_on_cursor, count_arrival, cursor_of_word
 from .gates import previous_gate_sum
-from .programs import column_scale, head_block, store_state_tile
+from .tiles import column_scale, head_block, store_state_tile
 
 
 @triton.jit

@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .programs import head_block
+from .tiles import head_block
 
 
 @triton.jit

@@ -36,7 +36,7 @@ import triton.language as tl
 
 from ..cursor import count_arrival, cursor_of_word
 from .gates import previous_gate_sum
-from .programs import head_block
+from .tiles import head_block
 
 #: strides of the window inputs (Bt, T, heads, dim), the output and the cursor (runtime arguments)
 VerifyStrides = namedtuple("VerifyStrides", "q_b q_t q_h q_k k_b k_t k_h k_k v_b v_t v_h v_v g_b g_t g_h g_k "

@@ -13,18 +13,12 @@ from dataclasses import dataclass
 
 import triton
 
-__all__ = ["LaunchConfig", "StepConfig", "VerifyConfig", "default_config", "pow2", "program_split", "step_config",
+from ..backend import is_pow2, pow2
+
+__all__ = ["LaunchConfig", "StepConfig", "VerifyConfig", "default_config", "program_split", "step_config",
            "verify_config"]
 
 DOT_PRECISIONS = (None, "tf32", "tf32x3", "ieee")
-
-
-def pow2(v: int) -> int:
-    return triton.next_power_of_2(max(1, int(v)))
-
-
-def _is_pow2(v: int) -> bool:
-    return v >= 1 and v & (v - 1) == 0
 
 
 @dataclass(frozen=True)
@@ -57,7 +51,7 @@ class LaunchConfig:
 
     def __post_init__(self):
         for name in ("block_p", "block_n", "flush_block_n", "num_warps"):
-            if not _is_pow2(getattr(self, name)):
+            if not is_pow2(getattr(self, name)):
                 raise ValueError(f"LaunchConfig.{name} must be a power of two; got {getattr(self, name)!r}")
         if self.heads_per_program < 1:
             raise ValueError(f"LaunchConfig.heads_per_program must be positive; got {self.heads_per_program!r}")
@@ -123,7 +117,7 @@ class StepConfig:
 
     def __post_init__(self):
         for name in ("block_p", "block_n", "num_warps"):
-            if not _is_pow2(getattr(self, name)):
+            if not is_pow2(getattr(self, name)):
                 raise ValueError(f"StepConfig.{name} must be a power of two; got {getattr(self, name)!r}")
 
 
@@ -159,7 +153,7 @@ class VerifyConfig:
 
     def __post_init__(self):
         for name in ("block_p", "block_n", "num_warps"):
-            if not _is_pow2(getattr(self, name)):
+            if not is_pow2(getattr(self, name)):
                 raise ValueError(f"VerifyConfig.{name} must be a power of two; got {getattr(self, name)!r}")
         if self.block_p < 16 or self.block_n < 16:
             raise ValueError(f"VerifyConfig tiles must be at least 16 wide (tl.dot); got block_p={self.block_p}, "

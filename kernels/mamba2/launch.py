@@ -8,11 +8,11 @@ import dataclasses
 import torch
 import triton
 
-from ..backend import compiled_in, num_sms, triton_interpreter_on
+from ..backend import compiled_in, num_sms, pow2, triton_interpreter_on
 from ..persistent import FLUSH_ROWS
 from ..quant import advance_flush_counters, check_quant_args, is_scaled
 from ..quant_triton import state_format
-from .config import LaunchConfig, StepConfig, default_config, pow2, program_split, step_config
+from .config import LaunchConfig, StepConfig, default_config, program_split, step_config
 from .programs import Flags, IoStrides, Layout, Tensors, replay_kernel, replay_kernel_dyn
 from .step import step_kernel
 

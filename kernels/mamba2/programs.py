@@ -5,8 +5,8 @@ block of head-dim lanes. It reads the row's cursor ``c`` on the device: ``0 <= c
 the output-only route (``y = abar (S0 . C) + sum_j w_j (B_j . C) x_j``; the checkpoint is only
 read), ``c == L - 1`` the state-and-output route (``S = abar S0 + X^T diag(w) B`` over the window,
 stored as the new checkpoint, ``y`` read from the fp32 ``S``). Both append ``(x, dt, B)`` at slot
-``c``; the row's last program to arrive moves the cursor on. Launch and tuning: ``launch.py``,
-``config.py`` (reasons: examples/benchmarks/TUNING.md).
+``c``; the row's last program to arrive moves the cursor on. Per-head helpers: ``heads.py``.
+Launch and tuning: ``launch.py``, ``config.py`` (reasons: examples/benchmarks/TUNING.md).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from ..persistent import flush_first_row
-from ..quant_triton import quantize_tile, row_key, uniform_bits
+from .heads import head_constants, head_scale, process_dt, store_state_tile, window_weights
 
 #: the tensors of a replay launch (optional ones replaced by ``x``, with zero strides)
 Tensors = namedtuple("Tensors", "x dt B C state x_buf dt_buf B_buf cursor A dt_bias D z out arrivals scale rng")
@@ -32,81 +32,6 @@ Layout = namedtuple("Layout", "P N L G HPG HC n_hc n_pb s_b s_h s_p s_n xb_b xb_
 #: (``quant_triton``: >= 3 scaled, one scale per head-dim lane over N), SR: stochastic rounding
 Flags = namedtuple("Flags", "HAS_DT_BIAS HAS_D HAS_Z DT_SOFTPLUS ZERO_IDLE DOT_LOWP DOT_PREC FLUSH_FMA EARLY "
                             "FLUSH_FROM_EARLY FLUSH_FIRST_BB BLOCK_P BLOCK_N BLOCK_NF BLOCK_L FMT SR")
-
-
-@triton.jit
-def softplus(d):
-    """softplus(d) = log1p(exp(d)) with identity above 20 (torch's threshold), accurate for small values."""
-    u = tl.exp(-tl.abs(d))
-    v = 1.0 + u
-    # log1p(u) via log(v) * u / (v - 1): exact to a few ulp even when u << 1.
-    lp = tl.where(v == 1.0, u, tl.log(v) * (u / tl.where(v == 1.0, 1.0, v - 1.0)))
-    sp = tl.maximum(d, 0.0) + lp
-    return tl.where(d > 20.0, d, sp)
-
-
-@triton.jit
-def _window_weights(dtw, d, cur_l, a_h):
-    """Put the current dt at slot c; weights w_j = dt_j exp(A (Pcum_c - Pcum_j)) and abar = exp(A Pcum_c)."""
-    dtw = tl.where(cur_l, d, dtw.to(tl.float32))
-    pcum = tl.cumsum(dtw, 0)
-    p_c = tl.sum(tl.where(cur_l, pcum, 0.0), 0)
-    w = dtw * tl.exp(tl.minimum(a_h * (p_c - pcum), 0.0))
-    abar = tl.exp(tl.minimum(a_h * p_c, 0.0))
-    return w, abar
-
-
-@triton.jit
-def _head_constants(h, ok, t, io, k):
-    """Head ``h``'s ``(A, dt_bias, D)`` as fp32 scalars (0 where absent or ``ok`` is false), loaded
-    together so that a caller can issue them early (before the cursor, or with the next head's tiles)."""
-    a_h = tl.load(t.A + h * io.A, mask=ok, other=0.0).to(tl.float32)
-    dtb = 0.0
-    if k.HAS_DT_BIAS:
-        dtb = tl.load(t.dt_bias + h * io.dt_bias, mask=ok, other=0.0).to(tl.float32)
-    dco = 0.0
-    if k.HAS_D:
-        dco = tl.load(t.D + h * io.D, mask=ok, other=0.0).to(tl.float32)
-    return a_h, dtb, dco
-
-
-@triton.jit
-def _head_scale(b, h, offs_p, mask_p, t, io, k):
-    """fp32 scales (BLOCK_P,) of head ``h``'s checkpoint lanes (1 for unscaled checkpoints)."""
-    if k.FMT >= 3:
-        return tl.load(t.scale + b * io.sc_b + h * io.sc_h + offs_p * io.sc_p, mask=mask_p, other=0.0)
-    else:
-        return tl.full([k.BLOCK_P], 1.0, tl.float32)
-
-
-@triton.jit
-def _store_state_tile(ptrs, s_new, m2, b, h, offs_p, mask_p, nn, t, io, lay, k):
-    """Store a flush tile (BLOCK_P, N-tile) of the new checkpoint: a plain cast, or (FMT >= 3 / SR)
-    through ``quant_triton.quantize_tile`` with this tile's scales (the tile spans N) and the
-    random bits of element ``(h P + p) N + n`` under the row's key (``state_rng`` [seed, counter],
-    the counter advanced before the launch)."""
-    if (k.FMT >= 3) | k.SR:
-        if k.SR:
-            key = row_key(tl.load(t.rng + b * io.rng_b), tl.load(t.rng + b * io.rng_b + 1))
-            u = uniform_bits(key, (h * lay.P + offs_p[:, None]) * lay.N + nn[None, :])
-        else:
-            u = 0
-        q, d = quantize_tile(tl.where(m2, s_new, 0.0), u, 1, k.FMT, k.SR)
-        tl.store(ptrs, q.to(t.state.dtype.element_ty), mask=m2)
-        if k.FMT >= 3:
-            tl.store(t.scale + b * io.sc_b + h * io.sc_h + offs_p * io.sc_p, d, mask=mask_p)
-    else:
-        tl.store(ptrs, s_new.to(t.state.dtype.element_ty), mask=m2)
-
-
-@triton.jit
-def _process_dt(d_raw, dtb, k):
-    d = d_raw.to(tl.float32)
-    if k.HAS_DT_BIAS:
-        d += dtb
-    if k.DT_SOFTPLUS:
-        d = softplus(d)
-    return d
 
 
 @triton.jit
@@ -155,7 +80,7 @@ def _early_loads(b, g, h0, offs_p, mask_p, t, io, lay, k):
     dtw_e = tl.load(t.dt_buf + b * lay.db_b + h0 * lay.db_h + offs_l0 * lay.db_l, mask=in_l, other=0.0)
     xc_e = tl.load(t.x + b * io.x_b + h0 * io.x_h + offs_p * io.x_p, mask=mask_p, other=0.0)
     dr_e = tl.load(t.dt + b * io.dt_b + h0 * io.dt_h)
-    a_e, dtb_e, dco_e = _head_constants(h0, True, t, io, k)
+    a_e, dtb_e, dco_e = head_constants(h0, True, t, io, k)
     return s_e, bw_e, bc_e, cv_e, xw_e, dtw_e, xc_e, dr_e, a_e, dtb_e, dco_e
 
 
@@ -238,25 +163,25 @@ def _flush_heads_fma(b, h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k):
     i0 = 0
     if k.FLUSH_FROM_EARLY:
         s_e, _, bc_e, cv_e, _, _, xc_e, dr_e, a_e, dtb_e, dco_e = e
-        d = _process_dt(dr_e, dtb_e, k)
+        d = process_dt(dr_e, dtb_e, k)
         xcb = xc_e.to(t.x_buf.dtype.element_ty)
         mn = offs_nf < lay.N
         s_ptrs = st_row + h0 * lay.s_h + offs_p[:, None] * lay.s_p + offs_nf[None, :] * lay.s_n
-        sc = _head_scale(b, h0, offs_p, mask_p, t, io, k)
+        sc = head_scale(b, h0, offs_p, mask_p, t, io, k)
         s_new = _fma_window_update(s_e.to(tl.float32) * sc[:, None], bc_e, d, xcb, a_e, h0, offs_p, mask_p, offs_nf,
                                    mn, rows, t, lay, k)
-        _store_state_tile(s_ptrs, s_new, mask_p[:, None] & mn[None, :], b, h0, offs_p, mask_p, offs_nf, t, io, lay, k)
+        store_state_tile(s_ptrs, s_new, mask_p[:, None] & mn[None, :], b, h0, offs_p, mask_p, offs_nf, t, io, lay, k)
         acc_y = tl.sum(s_new * cv_e.to(tl.float32)[None, :], 1)
         _head_output_and_append(acc_y, h0, c, pb, xc_e, xcb, d, dco_e, offs_p, mask_p, rows, t, io, lay, k)
         i0 = 1
     for i in range(i0, nh):
         h = h0 + i
-        a_h, dtb, dco = _head_constants(h, True, t, io, k)
-        d = _process_dt(tl.load(dt_row + h * io.dt_h), dtb, k)
+        a_h, dtb, dco = head_constants(h, True, t, io, k)
+        d = process_dt(tl.load(dt_row + h * io.dt_h), dtb, k)
         xc = tl.load(x_row + h * io.x_h + offs_p * io.x_p, mask=mask_p, other=0.0)
         xcb = xc.to(t.x_buf.dtype.element_ty)
         acc_y = tl.zeros([k.BLOCK_P], dtype=tl.float32)
-        sc = _head_scale(b, h, offs_p, mask_p, t, io, k)
+        sc = head_scale(b, h, offs_p, mask_p, t, io, k)
         for n0 in range(0, lay.N, k.BLOCK_NF):
             nn = n0 + offs_nf
             mn = nn < lay.N
@@ -266,7 +191,7 @@ def _flush_heads_fma(b, h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k):
             cv = tl.load(C_row + nn * io.C_n, mask=mn, other=0.0).to(tl.float32)
             bcur = tl.load(B_row + nn * io.B_n, mask=mn, other=0.0)
             s_new = _fma_window_update(s0, bcur, d, xcb, a_h, h, offs_p, mask_p, nn, mn, rows, t, lay, k)
-            _store_state_tile(s_ptrs, s_new, m2, b, h, offs_p, mask_p, nn, t, io, lay, k)
+            store_state_tile(s_ptrs, s_new, m2, b, h, offs_p, mask_p, nn, t, io, lay, k)
             acc_y += tl.sum(s_new * cv[None, :], 1)
         _head_output_and_append(acc_y, h, c, pb, xc, xcb, d, dco, offs_p, mask_p, rows, t, io, lay, k)
 
@@ -324,9 +249,9 @@ def _flush_heads_dot(b, h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k):
         xc_n = tl.load(x_row + h1 * io.x_h + offs_p * io.x_p, mask=mask_p & okp, other=0.0)
         dr_n = tl.load(dt_row + h1 * io.dt_h, mask=t1 < total, other=0.0)
 
-        a_h, dtb, dco = _head_constants(h, True, t, io, k)
-        d = _process_dt(dr_t, dtb, k)
-        w, abar = _window_weights(dtw_t, d, cur_l, a_h)
+        a_h, dtb, dco = head_constants(h, True, t, io, k)
+        d = process_dt(dr_t, dtb, k)
+        w, abar = window_weights(dtw_t, d, cur_l, a_h)
         xcb = xc_t.to(t.x_buf.dtype.element_ty)
         xw = tl.where(cur_l[:, None], xcb[None, :], xw_t)  # (BLOCK_L, BLOCK_P), buffer dtype
         bw = tl.where(cur_l[:, None], bc_t.to(t.B_buf.dtype.element_ty)[None, :], bw_t).to(tl.float32)
@@ -335,9 +260,9 @@ def _flush_heads_dot(b, h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k):
             upd = tl.dot(tl.trans(xw), wb.to(t.x_buf.dtype.element_ty), out_dtype=tl.float32)
         else:
             upd = tl.dot(tl.trans(xw.to(tl.float32)), wb, input_precision=k.DOT_PREC, out_dtype=tl.float32)
-        sc = _head_scale(b, h, offs_p, mask_p, t, io, k)
+        sc = head_scale(b, h, offs_p, mask_p, t, io, k)
         s_new = abar * (s_t.to(tl.float32) * sc[:, None]) + upd
-        _store_state_tile(st_row + h * lay.s_h + offs_p[:, None] * lay.s_p + nn[None, :] * lay.s_n, s_new,
+        store_state_tile(st_row + h * lay.s_h + offs_p[:, None] * lay.s_p + nn[None, :] * lay.s_n, s_new,
                           mask_p[:, None] & mn[None, :], b, h, offs_p, mask_p, nn, t, io, lay, k)
         acc_y += tl.sum(s_new * cv_t.to(tl.float32)[None, :], 1)
         if kt == NT - 1:  # the head's last tile: output and appends
@@ -400,13 +325,13 @@ def _output_heads_one_tile(b, h0, nh, pb, c, bc, offs_p, mask_p, rows, e, t, io,
         dtw_n = tl.load(db_row + hn * lay.db_h + offs_l * lay.db_l, mask=valid_l & okl, other=0.0)
         xc_n = tl.load(x_row + hn * io.x_h + offs_p * io.x_p, mask=mask_p & okp, other=0.0)
         dr_n = tl.load(dt_row + hn * io.dt_h, mask=ok, other=0.0)
-        a_n, dtb_n, dco_n = _head_constants(hn, ok, t, io, k)
+        a_n, dtb_n, dco_n = head_constants(hn, ok, t, io, k)
 
         acc = tl.sum(s_t.to(tl.float32) * cv[None, :], 1)  # S0 . C
         if k.FMT >= 3:
-            acc = acc * _head_scale(b, h, offs_p, mask_p, t, io, k)
-        d = _process_dt(dr_t, dtb_t, k)
-        w, abar = _window_weights(dtw_t, d, cur_l, a_t)
+            acc = acc * head_scale(b, h, offs_p, mask_p, t, io, k)
+        d = process_dt(dr_t, dtb_t, k)
+        w, abar = window_weights(dtw_t, d, cur_l, a_t)
         xcb = xc_t.to(t.x_buf.dtype.element_ty)
         xw = tl.where(cur_l[:, None], xcb[None, :], xw_t).to(tl.float32)
         y = abar * acc + tl.sum((w * bc)[:, None] * xw, 0)
@@ -438,10 +363,10 @@ def _output_heads_tiled(b, h0, nh, pb, c, bc, offs_p, mask_p, rows, t, io, lay, 
             cvn = tl.load(C_row + nn * io.C_n, mask=mn, other=0.0).to(tl.float32)
             acc += tl.sum(s0 * cvn[None, :], 1)
         if k.FMT >= 3:
-            acc = acc * _head_scale(b, h, offs_p, mask_p, t, io, k)
-        a_h, dtb, dco = _head_constants(h, True, t, io, k)
-        d = _process_dt(tl.load(dt_row + h * io.dt_h), dtb, k)
-        w, abar = _window_weights(dtw, d, cur_l, a_h)
+            acc = acc * head_scale(b, h, offs_p, mask_p, t, io, k)
+        a_h, dtb, dco = head_constants(h, True, t, io, k)
+        d = process_dt(tl.load(dt_row + h * io.dt_h), dtb, k)
+        w, abar = window_weights(dtw, d, cur_l, a_h)
         xcb = xc.to(t.x_buf.dtype.element_ty)
         xw = tl.where(cur_l[:, None], xcb[None, :], xw).to(tl.float32)
         y = abar * acc + tl.sum((w * bc)[:, None] * xw, 0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .programs import softplus
+from .heads import softplus
 
 
 @triton.jit

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from ..backend import compiled_in, num_sms
+from ..backend import compiled_in, num_sms, pow2
 from ..cursor import cursor_word_counts_arrivals
-from .config import VerifyConfig, pow2, program_split, verify_config
+from .config import VerifyConfig, program_split, verify_config
 from .launch import _arrival_counter, dot_precision
 from .verify import check_verify_shapes, check_verify_state
 from .verify_programs import Flags, IoStrides, Layout, Tensors, verify_kernel

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from ..cursor import count_arrival, cursor_of_word
-from .programs import _head_constants, _process_dt
+from .heads import head_constants, process_dt
 
 #: the tensors of a verify launch (optional ones replaced by ``x``, with zero strides; ``arrivals``
 #: by ``cursor`` when the cursor word counts the arrivals)
@@ -86,7 +86,7 @@ def _pair_loads(b, h, nn, rem, offs_p, mask_p, t, io, lay, k):
     xr = tl.load(t.x_buf + b * lay.xb_b + h * lay.xb_h + offs_l[:, None] * lay.xb_l + offs_p[None, :] * lay.xb_p,
                  mask=okl[:, None] & okp[None, :], other=0.0)
     dtr = tl.load(t.dt_buf + b * lay.db_b + h * lay.db_h + offs_l * lay.db_l, mask=okl, other=0.0)
-    a_h, dtb, dco = _head_constants(h, rem > 0, t, io, k)
+    a_h, dtb, dco = head_constants(h, rem > 0, t, io, k)
     return s0, xr, dtr, a_h, dtb, dco
 
 
@@ -183,7 +183,7 @@ def _head_outputs(b, h, s, flush, pb, s0c, bc, xr, dtr, wl, dtb, dco, a_h, offs_
     set to NaN (a running count over the tokens)."""
     offs_t = tl.arange(0, k.BLOCK_T)
     dr, xin, xt, zv = wl
-    d = _process_dt(dr, dtb, k).to(t.dt_buf.dtype.element_ty).to(tl.float32)
+    d = process_dt(dr, dtb, k).to(t.dt_buf.dtype.element_ty).to(tl.float32)
     dtw = tl.where(hist_l, dtr, tl.where(win_l, d, 0.0))  # dt of the window's slots
     pcum = tl.cumsum(dtw, 0)
     pos = s + offs_t  # slot of each token
@@ -224,7 +224,7 @@ def _shared_appends(b, t, io, lay, k):
     dtb = 0.0
     if k.HAS_DT_BIAS:
         dtb = tl.load(t.dt_bias + offs_h * io.dt_bias, mask=mh, other=0.0).to(tl.float32)[None, :]
-    d = _process_dt(dr, dtb, k)
+    d = process_dt(dr, dtb, k)
     tl.store(t.dt_buf + b * lay.db_b + offs_h[None, :] * lay.db_h + offs_t[:, None] * lay.db_l,
              d.to(t.dt_buf.dtype.element_ty), mask=mt[:, None] & mh[None, :])
     # B: rows (group, token) of one tile

@@ -34,24 +34,25 @@ def test_preset_shapes_and_counts(bench):
 
 
 def test_sweep_candidates_start_at_the_default_and_are_distinct(bench):
-    for (N, K), M in ((2560, 9216), 1), ((1024, 2560), 8), ((32, 2560), 2):
+    for (N, K), M in ((2560, 9216), 1), ((1024, 2560), 2), ((32, 2560), 2):
         cands = bench.sweep_candidates(N, K, M, 2, 132)
         assert cands[0] == default_config(N, K, M, 2, 132) and len(set(cands)) == len(cands) >= 8
         assert all(isinstance(c, LaunchConfig) for c in cands)
-        assert {c.use_dot for c in cands} == {False, True}  # both product forms are timed
+        for c in cands[1:]:  # one knob away from the default
+            assert sum(getattr(c, f) != getattr(cands[0], f) for f in LaunchConfig.__dataclass_fields__) == 1, c
 
 
 def test_step_sums_weigh_each_shape_by_its_count(bench):
     rows = [{"N": n, "K": k, "M": m, "us": {"cublas": 2.0 * n, "triton": 1.0 * n}}
-            for n, k in ((10, 4), (20, 4)) for m in (1, 8)]
+            for n, k in ((10, 4), (20, 4)) for m in (1, 2)]
     sums = bench.step_sums(rows, {"p": {(10, 4): 3, (20, 4): 1}, "missing": {(30, 4): 1}})
     assert sums == [{"preset": "p", "M": m, "step_us": {"cublas": 100.0, "triton": 50.0}, "speedup": 2.0}
-                    for m in (1, 8)]
+                    for m in (1, 2)]
 
 
 @pytest.mark.parametrize("argv,message", [
     (["--batches", "1,x"], "--batches takes comma-separated integers"),
-    (["--batches", "17"], "at most 16 rows"),
+    (["--batches", "1,3"], "--batches: at most 2 rows; got 3"),
     (["--presets", "nope"], "--presets: unknown ['nope']"),
     (["--reps", "0"], "--reps must be positive"),
 ])

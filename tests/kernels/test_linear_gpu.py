@@ -19,7 +19,7 @@ def _data(N, K, M, dtype, bias, seed=0):
     return x, w, b
 
 
-@pytest.mark.parametrize("dtype,batches", [(torch.bfloat16, (1, 2, 3, 8, 16)), (torch.float16, (1, 8))])
+@pytest.mark.parametrize("dtype,batches", [(torch.bfloat16, (1, 2)), (torch.float16, (1, 2))])
 def test_preset_shapes_within_rounding(dtype, batches):
     for i, (N, K) in enumerate(PRESET_SHAPES):
         for M in batches:
@@ -31,11 +31,11 @@ def test_preset_shapes_within_rounding(dtype, batches):
 
 VARIANTS = [  # (N, K, M, config): every form of launch on real sizes, masked K tails included
     (2560, 9216, 1, LaunchConfig(block_n=4, block_k=512, num_warps=4, num_stages=3, split_k=4)),
-    (2560, 9216, 8, LaunchConfig(block_n=16, block_k=256, num_warps=1, num_stages=4, split_k=4, use_dot=True)),
-    (2304, 9216, 16, LaunchConfig(block_n=64, block_k=128, num_warps=4, num_stages=2, use_dot=True)),
+    (2560, 9216, 2, LaunchConfig(block_n=16, block_k=256, num_warps=8, num_stages=4, split_k=4)),
+    (2304, 9216, 2, LaunchConfig(block_n=8, block_k=128, num_warps=4, num_stages=2)),
     (576, 2304, 2, LaunchConfig(block_n=2, block_k=512, num_warps=4, num_stages=1)),  # K tail of 256
-    (4096, 2304, 5, LaunchConfig(block_n=32, block_k=512, num_warps=2, num_stages=3, split_k=3, use_dot=True)),
-    (1000, 1000, 3, LaunchConfig(block_n=1, block_k=256, num_warps=1, num_stages=2, split_k=2)),
+    (4096, 2304, 1, LaunchConfig(block_n=4, block_k=512, num_warps=2, num_stages=3, split_k=3)),  # split, K tail
+    (1000, 1000, 2, LaunchConfig(block_n=1, block_k=256, num_warps=1, num_stages=2, split_k=2)),
 ]
 
 
@@ -48,9 +48,9 @@ def test_launch_variants(N, K, M, cfg, bias):
     assert torch.equal(y, linear_small_batch(x, w, b, backend="triton", config=cfg))
 
 
-@pytest.mark.parametrize("N,K,M", [(9216, 2560, 1), (1024, 2560, 8), (32, 2560, 2), (248320, 2560, 4)])
+@pytest.mark.parametrize("N,K,M", [(9216, 2560, 1), (256, 16384, 1), (32, 2560, 2), (248320, 2560, 2)])
 def test_cuda_graph_capture_replays_the_eager_result(N, K, M):
-    """Three calls captured (split launches included: (1024, 2560) at M = 8 splits K); after new inputs
+    """Three calls captured (split launches included: (256, 16384) at M = 1 splits K); after new inputs
     are copied in, a replay gives the eager call's result bit for bit."""
     x, w, b = _data(N, K, M, torch.bfloat16, bias=True)
     stream = torch.cuda.Stream()
@@ -61,7 +61,7 @@ def test_cuda_graph_capture_replays_the_eager_result(N, K, M):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         outs = [linear_small_batch(x, w, b, backend="triton") for _ in range(3)]
-    if N == 1024:
+    if N == 256:
         assert default_config(N, K, M, 2, torch.cuda.get_device_properties(0).multi_processor_count).split_k > 1
     for seed in (1, 2):
         x.copy_(_data(N, K, M, torch.bfloat16, bias=False, seed=seed)[0])
