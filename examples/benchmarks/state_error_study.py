@@ -230,7 +230,7 @@ def plot(report, path: Path) -> bool:
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
     for ax, m in zip(axes[0], models):
         seeds = report["results"][m]
-        for variant in report["variants"]:
+        for variant in [v for v in report["variants"] if all(v in runs for runs in seeds.values())]:
             rows = [seeds[s][variant]["by_position"] for s in seeds]
             xs = [b["start"] for b in rows[0]]
             ys = [sum(r[i]["mean_std"] for r in rows) / len(rows) for i in range(len(xs))]
@@ -239,7 +239,7 @@ def plot(report, path: Path) -> bool:
         ax.set_xlabel("position")
         ax.set_ylabel("mean |Δlogit| / std(fp32 logits)")
         ax.set_yscale("log")
-    axes[0][-1].legend(fontsize=6)
+        ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return True
