@@ -18,6 +18,9 @@
 from __future__ import annotations
 
 import functools
+import inspect
+import re
+import sys
 from typing import Any
 
 import torch
@@ -134,11 +137,12 @@ def grouped_sdpa_attention(module, query, key, value, attention_mask, dropout=0.
 
 def use_grouped_decode_attention(model) -> bool:
     """Switch ``model`` (and the submodels sharing its attention setting) from ``sdpa`` to
-    ``GROUPED_SDPA``; returns whether it switched. Registers the name (with sdpa's mask function) in
-    transformers' attention registries, which are built for extension; no transformers class is
-    changed. ``restore_decode_attention`` undoes it."""
+    ``GROUPED_SDPA``; returns whether it switched (not for a model whose code reads the name,
+    ``reads_sdpa_name``). Registers the name (with sdpa's mask function) in transformers' attention
+    registries, which are built for extension; no transformers class is changed.
+    ``restore_decode_attention`` undoes it."""
     config = getattr(model, "config", None)
-    if config is None or getattr(config, "_attn_implementation", None) != "sdpa":
+    if config is None or getattr(config, "_attn_implementation", None) != "sdpa" or reads_sdpa_name(model):
         return False
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     from transformers.modeling_utils import AttentionInterface
@@ -149,6 +153,29 @@ def use_grouped_decode_attention(model) -> bool:
     model.set_attn_implementation(GROUPED_SDPA)
     model.__dict__[_SAVED_ATTN] = "sdpa"
     return True
+
+
+_SDPA_NAME_TEST = re.compile(r"""_attn_implementation\s*(?:==|!=)\s*["']sdpa["']""")
+
+
+def reads_sdpa_name(model) -> bool:
+    """Whether the transformers modeling code of any of ``model``'s modules compares the attention
+    implementation's name with ``"sdpa"``. Such a model computes differently under another name, so
+    it keeps ``sdpa``: 5.24's glm5_next builds its top-k attention mask as booleans under ``sdpa``
+    and as additive floats otherwise, and a query row with no selected key (a padding position)
+    then gets zeros from the first and a uniform average over every key from the second.
+    Code that cannot be read (no source file) counts as reading the name: the model keeps ``sdpa``."""
+    modules = {type(m).__module__ for m in model.modules()}
+    return any(_reads_sdpa_name(name) for name in modules if name.startswith("transformers.models."))
+
+
+@functools.lru_cache(maxsize=None)
+def _reads_sdpa_name(module_name: str) -> bool:
+    try:
+        source = inspect.getsource(sys.modules[module_name])
+    except (KeyError, OSError, TypeError):  # not imported, or no source file (a frozen install)
+        return True
+    return _SDPA_NAME_TEST.search(source) is not None
 
 
 def restore_decode_attention(model) -> None:

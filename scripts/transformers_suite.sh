@@ -5,7 +5,9 @@
 #   bash scripts/transformers_suite.sh TRANSFORMERS_TESTS_DIR [family ...]
 #
 # TRANSFORMERS_TESTS_DIR: the tests/ directory of a transformers source tree of the installed version
-# (e.g. a checkout of the v5.24.0 tag); its models/<family>/test_modeling_<family>.py are run.
+# (e.g. a checkout of the v5.24.0 tag); its models/<family>/test_modeling_<family>.py are run, from its
+# parent directory (so a conftest.py there applies; tests/transformers_suite/RESULTS.md says how its runs
+# assembled such a tree where no checkout could be had).
 # Families default to every one replayssm rewrites. Environment:
 #   REPLAYSSM_SUITE_K    pytest -k selection (default: the generation, attention-output, inputs-embeds,
 #                        base-model-prefix and mismatched-shapes tests; "" runs whole files)

@@ -176,6 +176,24 @@ def test_patched_generate_runs_the_kernel_and_equals_stock(family, forced_kernel
     assert all(q[0] == 3 and q[1] in heads and q[2] == 1 and m == (3, 1, 1, k[2]) for q, k, m in forced_kernel)
 
 
+def test_a_model_whose_code_reads_the_sdpa_name_keeps_sdpa_and_stock_outputs():
+    """glm5_next builds its top-k attention mask by the implementation's name (booleans under "sdpa",
+    additive floats otherwise): patched, it keeps sdpa and gives stock's logits at every position,
+    the padded ones included (renamed, its padded query rows attended to every key)."""
+    model = tiny("glm5_next")
+    ids, mask = left_padded_batch(seed=11, batch=3, length=9)
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        try:
+            replayssm.patch(model, buffer_len=4)
+            assert model.config._attn_implementation == "sdpa"
+            got = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        finally:
+            replayssm.unpatch(model)
+    assert torch.equal(got, want)
+    assert not compat.reads_sdpa_name(tiny("qwen3_5"))  # the other families switch (the test above)
+
+
 @interpreted
 def test_graph_decode_static_cache_runs_the_kernel(forced_kernel, monkeypatch):
     """The CUDA-graph path's static cache (64 positions, most of them masked), with the CPU stand-in
