@@ -132,8 +132,6 @@ def run_generate(model, ids, steps: int, forcing: TeacherForcing) -> torch.Tenso
 
 
 def study_one(model_name, seed, args, device, on_variant) -> dict:
-    import replayssm
-
     model = build(model_name, device, seed)
     vocab = model.get_output_embeddings().weight.shape[0]
     g = torch.Generator().manual_seed(seed)
@@ -147,7 +145,7 @@ def study_one(model_name, seed, args, device, on_variant) -> dict:
     def keep_ref(t, logits):
         ref_argmax[t], ref_std[t], ref_sub[t] = logits.argmax(-1), logits.std(-1), logits[:, sample]
 
-    with variant_model(model, args.reference, args.backend):
+    with VariantModel(model, args.reference, args.backend):
         tokens = run_generate(model, ids, S, TeacherForcing(args.prompt_len, keep_ref))[:, args.prompt_len:]
     results = {}
     for name in args.variants:
@@ -160,7 +158,7 @@ def study_one(model_name, seed, args, device, on_variant) -> dict:
             p99[t] = torch.quantile(d.flatten(), 0.99)
 
         start = time.perf_counter()
-        with variant_model(model, name, args.backend) as graphs:
+        with VariantModel(model, name, args.backend) as graphs:
             run_generate(model, ids, S, TeacherForcing(args.prompt_len, measure, tokens))
             captured = any(r.get("captured") for r in graphs())
         results[name] = summarise(agree.tolist(), mean.tolist(), p99.tolist(), args.bin)
@@ -173,7 +171,7 @@ def study_one(model_name, seed, args, device, on_variant) -> dict:
     return results
 
 
-class variant_model:
+class VariantModel:
     """Context: ``model`` as the named variant (``stock``/``replay`` references, ``stock-bf16``, a
     patched variant with CUDA graphs where the device has them); yields a ``graph_report`` callable."""
 
