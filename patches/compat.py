@@ -136,23 +136,92 @@ def grouped_sdpa_attention(module, query, key, value, attention_mask, dropout=0.
 
 
 def use_grouped_decode_attention(model) -> bool:
-    """Switch ``model`` (and the submodels sharing its attention setting) from ``sdpa`` to
-    ``GROUPED_SDPA``; returns whether it switched (not for a model whose code reads the name,
-    ``reads_sdpa_name``). Registers the name (with sdpa's mask function) in transformers' attention
-    registries, which are built for extension; no transformers class is changed.
-    ``restore_decode_attention`` undoes it."""
+    """Switch the attention modules of ``model`` from ``sdpa`` to ``GROUPED_SDPA``, this instance
+    only; returns whether it switched (not for a model whose code reads the name,
+    ``reads_sdpa_name``). Each submodule that is not a ``PreTrainedModel`` and whose ``config``
+    answers "sdpa" gets a view of that config (``attn_view``) as its own ``config``: the modules
+    pick their attention function per call by ``self.config._attn_implementation``, so they run
+    ``grouped_sdpa_attention`` while the config objects themselves, which other models may share,
+    and the model-level configs (mask creation, ``model.config``) keep "sdpa". Registers the name
+    (with sdpa's mask function) in transformers' attention registries, which are built for
+    extension; no transformers class is changed. ``restore_decode_attention`` undoes it."""
     config = getattr(model, "config", None)
     if config is None or getattr(config, "_attn_implementation", None) != "sdpa" or reads_sdpa_name(model):
         return False
+    from transformers import PreTrainedConfig, PreTrainedModel
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     from transformers.modeling_utils import AttentionInterface
 
     sdpa_groups_decode_queries()  # answered here, outside any compiled region
     AttentionInterface.register(GROUPED_SDPA, grouped_sdpa_attention)
     AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)
-    model.set_attn_implementation(GROUPED_SDPA)
-    model.__dict__[_SAVED_ATTN] = "sdpa"
+    switched = model.__dict__.setdefault(_SAVED_ATTN, [])  # (module, its config); a repeated call adds none
+    for module in model.modules():
+        own = module.__dict__.get("config")
+        if (not isinstance(module, PreTrainedModel) and isinstance(own, PreTrainedConfig)
+                and not isinstance(own, _AttnView) and own._attn_implementation == "sdpa"):
+            module.config = attn_view(own)
+            switched.append((module, own))
     return True
+
+
+def restore_decode_attention(model) -> None:
+    """Give every module switched by ``use_grouped_decode_attention`` its original config object
+    back (a module whose ``config`` was replaced since keeps the replacement)."""
+    for module, config in model.__dict__.pop(_SAVED_ATTN, ()):
+        view = module.__dict__.get("config")
+        if isinstance(view, _AttnView) and view._replayssm_config is config:
+            module.config = config
+
+
+class _AttnView:
+    """Marks the view classes of ``attn_view`` (mixed in before the config's class)."""
+
+    __slots__ = ()
+
+
+@functools.cache
+def _attn_view_class(config_class: type) -> type:
+    """The view subclass of ``config_class``, made once per class. It keeps the class's name and
+    ``__init__`` (``to_diff_dict`` builds a default instance of ``type(self)``), compares as the
+    viewed config (``view == config``), holds the viewed config in a slot (not in the shared
+    ``__dict__``) and pickles / deep-copies as ``attn_view`` of the viewed config, so the copy of a
+    model holds views of its own copied configs. The getter stays trivial: torch.compile traces it
+    on every attention call."""
+    setter = inspect.getattr_static(config_class, "_attn_implementation").fset
+
+    def get(self):
+        value = self._attn_implementation_internal
+        return GROUPED_SDPA if value == "sdpa" else value
+
+    def set(self, value):  # the config's own setter, on the shared fields
+        setter(self, value)
+
+    def reduce(self):
+        return attn_view, (self._replayssm_config,)
+
+    def eq(self, other):  # as the viewed configs compare (the class's own __eq__ wants one class)
+        return config_class.__eq__(_viewed(self), _viewed(other))
+
+    namespace = {"__slots__": ("_replayssm_config",), "__init__": config_class.__init__,
+                 "__module__": config_class.__module__, "__qualname__": config_class.__qualname__,
+                 "_attn_implementation": property(get, set), "__reduce__": reduce, "__eq__": eq}
+    return type(config_class.__name__, (_AttnView, config_class), namespace)
+
+
+def _viewed(config):
+    return getattr(config, "_replayssm_config", config)  # a default-built view class instance views none
+
+
+def attn_view(config):
+    """A config object that is ``config`` in every field (it shares ``config.__dict__``: a later change
+    to either is seen by both) except that its ``_attn_implementation`` answers ``GROUPED_SDPA``
+    where ``config`` answers "sdpa" (any other value, e.g. "eager" set later by the user's
+    ``model.set_attn_implementation``, passes through). Setting it sets ``config``'s."""
+    view = object.__new__(_attn_view_class(type(config)))
+    object.__setattr__(view, "__dict__", config.__dict__)
+    object.__setattr__(view, "_replayssm_config", config)
+    return view
 
 
 _SDPA_NAME_TEST = re.compile(r"""_attn_implementation\s*(?:==|!=)\s*["']sdpa["']""")
@@ -176,12 +245,6 @@ def _reads_sdpa_name(module_name: str) -> bool:
     except (KeyError, OSError, TypeError):  # not imported, or no source file (a frozen install)
         return True
     return _SDPA_NAME_TEST.search(source) is not None
-
-
-def restore_decode_attention(model) -> None:
-    saved = model.__dict__.pop(_SAVED_ATTN, None)
-    if saved is not None and getattr(model.config, "_attn_implementation", None) == GROUPED_SDPA:
-        model.set_attn_implementation(saved)
 
 
 def attention_crop(layer_class: type):

@@ -1,11 +1,12 @@
 """What a patched model changes outside its SSM layers, to decode faster; numerically the same model.
 
-* Attention: the model's attention implementation becomes a registered form of ``sdpa`` whose
-  one-token queries on CUDA run the Triton decode-attention kernel (``decode_attention``; K/V read
-  once per key/value head, the masked tail of a static cache not read), and otherwise run ``sdpa``
-  on the key/value heads directly where transformers 5.17-5.23 would repeat the KV cache per query
-  head (``compat.use_grouped_decode_attention``). A model whose modeling code compares the name
-  with ``"sdpa"`` (5.24's glm5_next) keeps ``sdpa``: under another name it would compute differently.
+* Attention: the attention modules' implementation (theirs only: the config objects keep ``sdpa``)
+  becomes a registered form of ``sdpa`` whose one-token queries on CUDA run the Triton
+  decode-attention kernel (``decode_attention``; K/V read once per key/value head, the masked tail
+  of a static cache not read), and otherwise run ``sdpa`` on the key/value heads directly where
+  transformers 5.17-5.23 would repeat the KV cache per query head
+  (``compat.use_grouped_decode_attention``). A model whose modeling code compares the name with
+  ``"sdpa"`` (5.24's glm5_next) keeps ``sdpa``: under another name it would compute differently.
 * The decoder layers' plain RMSNorms run as one Triton launch each on CUDA tensors, checked
   against the module on their first call (``fused_norm.fuse_decoder_norms``).
 * The ``nn.Linear`` layers run a weight-streaming Triton GEMV for one-row CUDA inputs with 16-bit

@@ -6,6 +6,8 @@ model tests force the kernel on CPU tensors (it serves only CUDA tensors otherwi
 patched model's logits with the stock model's.
 """
 
+import copy
+import io
 import math
 import os
 
@@ -17,6 +19,7 @@ from replayssm.kernels.attention import (DecodeLaunch, decode_attention, decode_
                                          decode_attention_triton, default_launch, unsupported)
 from replayssm.patches import compat
 from replayssm.patches import decode_attention as dispatch
+from replayssm.tiny import build_tiny_model
 
 from helpers import generate, left_padded_batch, max_logit_diff, tiny
 
@@ -165,7 +168,8 @@ def test_patched_generate_runs_the_kernel_and_equals_stock(family, forced_kernel
     want = generate(model, ids, mask, **kw)
     try:
         replayssm.patch(model, buffer_len=4)
-        assert model.config._attn_implementation == compat.GROUPED_SDPA
+        assert model.config._attn_implementation == "sdpa"  # the switch is the attention modules' own
+        assert all(m.config._attn_implementation == compat.GROUPED_SDPA for m in _attention_layers(model))
         got = generate(model, ids, mask, **kw)
     finally:
         replayssm.unpatch(model)
@@ -174,6 +178,94 @@ def test_patched_generate_runs_the_kernel_and_equals_stock(family, forced_kernel
     heads = {m.num_key_value_groups * m.config.num_key_value_heads for m in _attention_layers(model)}
     assert len(forced_kernel) == 5 * len(_attention_layers(model))  # every decode step of every layer, no prefill
     assert all(q[0] == 3 and q[1] in heads and q[2] == 1 and m == (3, 1, 1, k[2]) for q, k, m in forced_kernel)
+
+
+def _configs(model):
+    """module name -> the config object the module holds itself."""
+    return {name: m.__dict__["config"] for name, m in model.named_modules() if "config" in m.__dict__}
+
+
+@interpreted
+def test_the_switch_is_per_instance_and_leaves_the_config_object_on_sdpa(forced_kernel):
+    """The config object says "sdpa" (transformers' test_sdpa_can_dispatch_non_composite_models checks
+    it) and a second model built from it runs stock sdpa; the patched model's decode runs the kernel."""
+    model = tiny("qwen3_5")
+    ids, mask = left_padded_batch(seed=3, batch=2, length=5)
+    kw = dict(max_new_tokens=3, min_new_tokens=3)
+    try:
+        replayssm.patch(model, buffer_len=4)
+        other = type(model)(model.config).eval()
+        assert other.config is model.config and model.config._attn_implementation == "sdpa"
+        assert all(m.config._attn_implementation == "sdpa" for m in other.modules() if hasattr(m, "config"))
+        generate(other, ids, mask, **kw)
+        assert not forced_kernel
+        generate(model, ids, mask, **kw)
+        assert len(forced_kernel) == 2 * len(_attention_layers(model))
+    finally:
+        replayssm.unpatch(model)
+
+
+def test_an_attention_set_later_takes_effect_and_unpatch_gives_the_config_objects_back():
+    from transformers import PreTrainedModel
+
+    model = tiny("qwen3_5")
+    before = _configs(model)
+    ids, mask = left_padded_batch(seed=4, batch=2, length=5)
+    try:
+        replayssm.patch(model, buffer_len=4)
+        viewed = {n for n, c in _configs(model).items() if c is not before[n]}
+        assert {n for n, m in model.named_modules() if m in _attention_layers(model)} <= viewed
+        assert not {n for n in viewed if isinstance(model.get_submodule(n), PreTrainedModel)}
+        assert all(model.get_submodule(n).config == before[n] for n in viewed)
+        with torch.no_grad():
+            weights = model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+            assert not [w for w in weights or () if w is not None]  # sdpa (ours included) returns none
+            model.set_attn_implementation("eager")
+            assert all(m.config._attn_implementation == "eager" for m in _attention_layers(model))
+            (weights,) = model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+        assert weights.shape == (2, model.config.num_attention_heads, 5, 5)
+        torch.testing.assert_close(weights.sum(-1), torch.ones(2, model.config.num_attention_heads, 5))
+        replayssm.unpatch(model)
+        assert all(c is before[n] for n, c in _configs(model).items()) and _configs(model).keys() == before.keys()
+    finally:
+        replayssm.unpatch(model)
+        model.set_attn_implementation("sdpa")
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "torch.save"])
+def test_a_switched_model_copies_with_views_of_its_own_configs(how):
+    """deepcopy of a patched model; torch.save / torch.load of a model with the attention switch only
+    (a patched model's replay mixer classes are made at run time and do not pickle) of a fresh model
+    (``output_attentions`` leaves hooks of local functions on a model)."""
+    model = tiny("qwen3_5") if how == "deepcopy" else build_tiny_model("tiny:qwen3_5")
+    ids, mask = left_padded_batch(seed=5, batch=2, length=5)
+    try:
+        if how == "deepcopy":
+            replayssm.patch(model, buffer_len=4)
+            new = copy.deepcopy(model)
+        else:
+            assert compat.use_grouped_decode_attention(model)
+            buffer = io.BytesIO()
+            torch.save(model, buffer)
+            buffer.seek(0)
+            new = torch.load(buffer, weights_only=False)
+        attention = _attention_layers(new)
+        assert attention and new.config._attn_implementation == "sdpa"
+        assert all(m.config._attn_implementation == compat.GROUPED_SDPA for m in attention)
+        assert all(compat._viewed(m.config) is new.config for m in attention)
+        with torch.no_grad():
+            want = model(input_ids=ids, attention_mask=mask).logits
+            assert torch.equal(new(input_ids=ids, attention_mask=mask).logits, want)
+        new.set_attn_implementation("eager")  # the copy's views follow the copy's configs, not the model's
+        assert all(m.config._attn_implementation == "eager" for m in attention)
+        assert all(m.config._attn_implementation == compat.GROUPED_SDPA for m in _attention_layers(model))
+        compat.restore_decode_attention(new)
+        assert all(m.config is new.config for m in attention)
+    finally:
+        if how == "deepcopy":
+            replayssm.unpatch(model)
+        compat.restore_decode_attention(model)
+    assert all(m.config is model.config for m in _attention_layers(model))
 
 
 def test_a_model_whose_code_reads_the_sdpa_name_keeps_sdpa_and_stock_outputs():
@@ -186,7 +278,7 @@ def test_a_model_whose_code_reads_the_sdpa_name_keeps_sdpa_and_stock_outputs():
         want = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
         try:
             replayssm.patch(model, buffer_len=4)
-            assert model.config._attn_implementation == "sdpa"
+            assert all(m.config._attn_implementation == "sdpa" for m in model.modules() if hasattr(m, "config"))
             got = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
         finally:
             replayssm.unpatch(model)

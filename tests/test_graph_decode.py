@@ -238,7 +238,9 @@ def test_patch_switches_attention_and_norms_and_unpatch_restores(cuda_graphs):
     try:
         fused = [m for m in model.modules() if "_replayssm_rmsnorm_form" in m.__dict__]
         assert fused and all("forward" in m.__dict__ for m in fused)
-        assert model.config._attn_implementation == compat.GROUPED_SDPA
+        assert model.config._attn_implementation == "sdpa"
+        attention = [m for m in model.modules() if hasattr(m, "num_key_value_groups")]
+        assert attention and all(m.config._attn_implementation == compat.GROUPED_SDPA for m in attention)
     finally:
         replayssm.unpatch(model)
     assert model.config._attn_implementation == "sdpa"
