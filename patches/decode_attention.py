@@ -1,7 +1,7 @@
 """A patched model's decode-step attention through the Triton kernel ``kernels.attention.decode_attention``.
 
 ``kernel_attention`` is the first thing the registered attention function of a patched model
-(``compat.grouped_sdpa_attention``) tries: it returns the kernel's output for a call the kernel serves
+(``attention_switch.grouped_sdpa_attention``) tries: it returns the kernel's output for a call the kernel serves
 exactly as sdpa would, and None for every other call, which then runs what it ran before. It serves a
 call when
 

@@ -5,7 +5,7 @@
   decode-attention kernel (``decode_attention``; K/V read once per key/value head, the masked tail
   of a static cache not read), and otherwise run ``sdpa`` on the key/value heads directly where
   transformers 5.17-5.23 would repeat the KV cache per query head
-  (``compat.use_grouped_decode_attention``). A model whose modeling code compares the name with
+  (``attention_switch.use_grouped_decode_attention``). A model whose modeling code compares the name with
   ``"sdpa"`` (5.24's glm5_next) keeps ``sdpa``: under another name it would compute differently.
 * The decoder layers' plain RMSNorms run as one Triton launch each on CUDA tensors, checked
   against the module on their first call (``fused_norm.fuse_decoder_norms``).
@@ -21,18 +21,18 @@ from __future__ import annotations
 
 import torch
 
-from . import compat
+from . import attention_switch
 from .fused_linear import fuse_decode_linears, unfuse_decode_linears
 from .fused_norm import fuse_decoder_norms, unfuse_decoder_norms
 
 
 def use_decode_speedups(model: torch.nn.Module) -> None:
-    compat.use_grouped_decode_attention(model)
+    attention_switch.use_grouped_decode_attention(model)
     fuse_decoder_norms(model)
     fuse_decode_linears(model)
 
 
 def drop_decode_speedups(model: torch.nn.Module) -> None:
-    compat.restore_decode_attention(model)
+    attention_switch.restore_decode_attention(model)
     unfuse_decoder_norms(model)
     unfuse_decode_linears(model)

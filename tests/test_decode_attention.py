@@ -17,7 +17,7 @@ import torch
 import replayssm
 from replayssm.kernels.attention import (DecodeLaunch, decode_attention, decode_attention_reference,
                                          decode_attention_triton, default_launch, unsupported)
-from replayssm.patches import compat
+from replayssm.patches import attention_switch
 from replayssm.patches import decode_attention as dispatch
 from replayssm.tiny import build_tiny_model
 
@@ -169,7 +169,7 @@ def test_patched_generate_runs_the_kernel_and_equals_stock(family, forced_kernel
     try:
         replayssm.patch(model, buffer_len=4)
         assert model.config._attn_implementation == "sdpa"  # the switch is the attention modules' own
-        assert all(m.config._attn_implementation == compat.GROUPED_SDPA for m in _attention_layers(model))
+        assert all(m.config._attn_implementation == attention_switch.GROUPED_SDPA for m in _attention_layers(model))
         got = generate(model, ids, mask, **kw)
     finally:
         replayssm.unpatch(model)
@@ -244,27 +244,27 @@ def test_a_switched_model_copies_with_views_of_its_own_configs(how):
             replayssm.patch(model, buffer_len=4)
             new = copy.deepcopy(model)
         else:
-            assert compat.use_grouped_decode_attention(model)
+            assert attention_switch.use_grouped_decode_attention(model)
             buffer = io.BytesIO()
             torch.save(model, buffer)
             buffer.seek(0)
             new = torch.load(buffer, weights_only=False)
         attention = _attention_layers(new)
         assert attention and new.config._attn_implementation == "sdpa"
-        assert all(m.config._attn_implementation == compat.GROUPED_SDPA for m in attention)
-        assert all(compat._viewed(m.config) is new.config for m in attention)
+        assert all(m.config._attn_implementation == attention_switch.GROUPED_SDPA for m in attention)
+        assert all(attention_switch._viewed(m.config) is new.config for m in attention)
         with torch.no_grad():
             want = model(input_ids=ids, attention_mask=mask).logits
             assert torch.equal(new(input_ids=ids, attention_mask=mask).logits, want)
         new.set_attn_implementation("eager")  # the copy's views follow the copy's configs, not the model's
         assert all(m.config._attn_implementation == "eager" for m in attention)
-        assert all(m.config._attn_implementation == compat.GROUPED_SDPA for m in _attention_layers(model))
-        compat.restore_decode_attention(new)
+        assert all(m.config._attn_implementation == attention_switch.GROUPED_SDPA for m in _attention_layers(model))
+        attention_switch.restore_decode_attention(new)
         assert all(m.config is new.config for m in attention)
     finally:
         if how == "deepcopy":
             replayssm.unpatch(model)
-        compat.restore_decode_attention(model)
+        attention_switch.restore_decode_attention(model)
     assert all(m.config is model.config for m in _attention_layers(model))
 
 
@@ -283,7 +283,7 @@ def test_a_model_whose_code_reads_the_sdpa_name_keeps_sdpa_and_stock_outputs():
         finally:
             replayssm.unpatch(model)
     assert torch.equal(got, want)
-    assert not compat.reads_sdpa_name(tiny("qwen3_5"))  # the other families switch (the test above)
+    assert not attention_switch.reads_sdpa_name(tiny("qwen3_5"))  # the other families switch (the test above)
 
 
 @interpreted
@@ -317,18 +317,18 @@ def test_calls_the_kernel_does_not_serve_run_sdpa(forced_kernel):
     q, k, v = inputs(2, 2, 2, 9, 16, 16)
     mask = torch.ones(2, 1, 1, 9, dtype=torch.bool)
     mask[1, ..., :4] = False
-    served, _ = compat.grouped_sdpa_attention(attn, q, k, v, mask, scaling=0.25, position_ids=torch.zeros(2, 1),
+    served, _ = attention_switch.grouped_sdpa_attention(attn, q, k, v, mask, scaling=0.25, position_ids=torch.zeros(2, 1),
                                              use_cache=True, output_router_logits=False, sliding_window=None,
                                              position_embeddings=(torch.ones(2, 1, 16), torch.zeros(2, 1, 16)))
     assert len(forced_kernel) == 1
     torch.testing.assert_close(served, decode_attention_reference(q, k, v, mask, 0.25), rtol=1e-5, atol=1e-6)
     for extra in (dict(sliding_window=4), dict(softcap=30.0), dict(s_aux=torch.zeros(4))):
         try:
-            compat.grouped_sdpa_attention(attn, q, k, v, mask, scaling=0.25, **extra)
+            attention_switch.grouped_sdpa_attention(attn, q, k, v, mask, scaling=0.25, **extra)
         except Exception:
             pass  # sdpa may refuse it itself; the point is that the kernel did not take it
-    compat.grouped_sdpa_attention(attn, q, k, v, torch.zeros(2, 1, 1, 9), scaling=0.25)
-    compat.grouped_sdpa_attention(attn, torch.cat([q, q], dim=2), k, v, None, scaling=0.25)
+    attention_switch.grouped_sdpa_attention(attn, q, k, v, torch.zeros(2, 1, 1, 9), scaling=0.25)
+    attention_switch.grouped_sdpa_attention(attn, torch.cat([q, q], dim=2), k, v, None, scaling=0.25)
     torch.manual_seed(0)
-    compat.grouped_sdpa_attention(attn, q, k, v, mask, dropout=0.5, scaling=0.25)
+    attention_switch.grouped_sdpa_attention(attn, q, k, v, mask, dropout=0.5, scaling=0.25)
     assert len(forced_kernel) == 1

@@ -206,7 +206,7 @@ def test_grouped_decode_attention_equals_sdpa(family, monkeypatch):
     """A patched model's attention (off CUDA, so without the Triton decode kernel) is sdpa's, except that a
     one-token query runs on the key/value heads (5.17-5.23 repeat the KV cache per query head, 5.24 not):
     same logits, and the one-token query really runs on the key/value heads."""
-    from replayssm.patches import compat
+    from replayssm.patches import attention_switch
 
     model = tiny(family)
     ids, mask = left_padded_batch(batch=3, length=7)
@@ -215,12 +215,12 @@ def test_grouped_decode_attention_equals_sdpa(family, monkeypatch):
     sdpa = torch.nn.functional.scaled_dot_product_attention
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
                         lambda q, k, v, **kw: shapes.append((q.shape, k.shape)) or sdpa(q, k, v, **kw))
-    switched = compat.use_grouped_decode_attention(model)
+    switched = attention_switch.use_grouped_decode_attention(model)
     try:
         assert switched
         got = generate(model, ids, mask, max_new_tokens=6)
     finally:
-        compat.restore_decode_attention(model)
+        attention_switch.restore_decode_attention(model)
     assert model.config._attn_implementation == "sdpa"
     assert torch.equal(got.sequences, want.sequences) and max_logit_diff(got, want) < 1e-5
     heads, kv = model.config.num_attention_heads, model.config.num_key_value_heads
@@ -231,7 +231,7 @@ def test_grouped_decode_attention_equals_sdpa(family, monkeypatch):
 
 @pytest.mark.parametrize("cuda_graphs", [False, True])
 def test_patch_switches_attention_and_norms_and_unpatch_restores(cuda_graphs):
-    from replayssm.patches import compat
+    from replayssm.patches import attention_switch
 
     model = tiny("qwen3_5")
     replayssm.patch(model, buffer_len=4, cuda_graphs=cuda_graphs)
@@ -240,7 +240,7 @@ def test_patch_switches_attention_and_norms_and_unpatch_restores(cuda_graphs):
         assert fused and all("forward" in m.__dict__ for m in fused)
         assert model.config._attn_implementation == "sdpa"
         attention = [m for m in model.modules() if hasattr(m, "num_key_value_groups")]
-        assert attention and all(m.config._attn_implementation == compat.GROUPED_SDPA for m in attention)
+        assert attention and all(m.config._attn_implementation == attention_switch.GROUPED_SDPA for m in attention)
     finally:
         replayssm.unpatch(model)
     assert model.config._attn_implementation == "sdpa"
