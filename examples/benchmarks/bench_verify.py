@@ -3,10 +3,11 @@ plain ReplaySSM decode step, Mamba-2 and delta rule (GDN, KDA), in CUDA graphs.
 
 Per (shape, batch, T) it reports µs per call of: ``step`` (``mamba2_replay_decode`` /
 ``delta_replay_decode``, averaged over whole L-step cycles, flush included), ``T steps`` (T of
-them: what the verify replaces), ``verify`` (T tokens per row, then every row rolled back by T - 1
-tokens, so the cursors cycle as a run at acceptance 1/T would; flush-first rows included), the
-ratio ``verify / step`` (issue target: <= 1.3 at T = 5, batch 1-64) and ``verify / (T x step)``
-(target at batch 256, T = 4: <= 0.5). On a GPU both run the Triton kernels (``backend="triton"``;
+them: what the verify replaces), ``verify`` (T tokens per row, every draft accepted: the cursors
+advance by T, flush-first windows included), ``verify+rollback`` (the verify, then every row rolled
+back by T - 1 tokens, as a run at acceptance 1/T would), the ratios ``verify / step`` (issue target:
+<= 1.3 at T = 5, batch 1-64) and ``verify+rollback / (T x step)`` (target at batch 256, T = 4:
+<= 0.5). On a GPU both run the Triton kernels (``backend="triton"``;
 the Mamba-2 verify is one launch, ``kernels/mamba2/verify_launch.py``). Writes ``verify.json`` and
 ``verify.md`` under ``--out``. ``--smoke``: tiny shapes on any device (the PyTorch references off
 the GPU).
@@ -40,7 +41,8 @@ def _l2n(t):
 
 
 def make_layer(family, shape, Bt, L, T, dev, act):
-    """(step(), verify()) closures over one layer's checkpoint (fp32), rings and inputs."""
+    """(step(), verify(), verify_and_rollback()) closures over one layer's checkpoint (fp32), rings
+    and inputs."""
     g = torch.Generator().manual_seed(0)
     backend = "triton" if dev.type == "cuda" else "auto"
     cursor = torch.zeros(Bt, dtype=torch.int32, device=dev)
@@ -77,7 +79,7 @@ def make_layer(family, shape, Bt, L, T, dev, act):
         verify()
         rollback_cursor_reference(cursor, back)
 
-    return step, verify_and_rollback, cursor
+    return step, verify, verify_and_rollback
 
 
 def time_us(fn, calls: int, dev) -> float:
@@ -128,13 +130,16 @@ def main(argv=None) -> int:
         for Bt in batches:
             step_us = None
             for T in (int(t) for t in args.T.split(",")):
-                step, verify, _ = make_layer(family, shape, Bt, args.L, T, dev, torch.float32 if args.smoke else ACT)
+                step, verify, verify_back = make_layer(family, shape, Bt, args.L, T, dev,
+                                                       torch.float32 if args.smoke else ACT)
                 if step_us is None:
                     step_us = time_us(step, 2 if args.smoke else args.L * 4, dev)
-                verify_us = time_us(verify, 2 if args.smoke else 32, dev)
+                verify_us = time_us(verify, 2 if args.smoke else args.L * 4, dev)
+                back_us = time_us(verify_back, 2 if args.smoke else 32, dev)
                 rows.append(dict(shape=name, batch=Bt, T=T, step_us=round(step_us, 2), T_steps_us=round(T * step_us, 2),
-                                 verify_us=round(verify_us, 2), verify_per_step=round(verify_us / step_us, 3),
-                                 verify_per_T_steps=round(verify_us / (T * step_us), 3)))
+                                 verify_us=round(verify_us, 2), verify_rollback_us=round(back_us, 2),
+                                 verify_per_step=round(verify_us / step_us, 3),
+                                 verify_rollback_per_T_steps=round(back_us / (T * step_us), 3)))
                 print(json.dumps(rows[-1]), flush=True)
     meta = dict(date=datetime.date.today().isoformat(),
                 gpu=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (smoke run)",
@@ -145,10 +150,11 @@ def main(argv=None) -> int:
     (out / "verify.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
     lines = [f"{meta['date']} · {meta['gpu']} · torch {meta['torch']} · triton {meta['triton']} · L = {args.L} · "
              f"`{meta['command']}`", "",
-             "| shape | batch | T | step µs | T steps µs | verify+rollback µs | / step | / (T x step) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| shape | batch | T | step µs | T steps µs | verify µs | verify+rollback µs | verify / step | "
+             "verify+rollback / (T x step) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['shape']} | {r['batch']} | {r['T']} | {r['step_us']} | {r['T_steps_us']} | {r['verify_us']} | "
-              f"{r['verify_per_step']} | {r['verify_per_T_steps']} |" for r in rows]
+              f"{r['verify_rollback_us']} | {r['verify_per_step']} | {r['verify_rollback_per_T_steps']} |" for r in rows]
     (out / "verify.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -72,7 +72,8 @@ def test_verify_benchmark_smoke_run(tmp_path):
                                                             ("smoke-gdn", 4), ("smoke-gdn", 5)]
     for r in data["rows"]:
         assert r["step_us"] > 0 and r["verify_us"] > 0 and abs(r["T_steps_us"] - r["T"] * r["step_us"]) < 0.1
-        assert abs(r["verify_per_step"] - r["verify_us"] / r["step_us"]) < 1e-2
+        assert abs(r["verify_per_step"] - r["verify_us"] / r["step_us"]) < 1e-2 and r["verify_rollback_us"] > 0
+        assert abs(r["verify_rollback_per_T_steps"] - r["verify_rollback_us"] / r["T_steps_us"]) < 1e-2
     assert "| smoke-gdn | 2 | 5 |" in (tmp_path / "verify.md").read_text()
 
 
