@@ -9,7 +9,11 @@
   assisted draft's cache, crop with ``crop(-n)`` and refuse models whose class has
   ``_is_stateful``; 5.24 also checks ``cache.is_croppable`` after the prefill (5.17 does not),
   and while recording a layer keeps the prefill's whole conv input (5.24) or K columns (5.17),
-  which ``conv_window_of_prefill`` brings back to K columns.
+  which ``conv_window_of_prefill`` brings back to K columns. 5.17 refuses assisted generation on a
+  ``StaticCache``; 5.24 takes it, drops the mask of a one-token step on a cache whose layers record
+  their past (so ``speculative`` answers ``is_compileable`` as a non-recording layer would) and its
+  ``StaticIndexedLayer.crop`` keeps the cropped tokens' indexer positions (``speculative`` crops
+  them where the class left them).
 * Gated DeltaNet: 5.17 expands q/k to the value heads inside the mixer, 5.23+ inside the
   recurrent function; the ReplaySSM layers do their own expansion, so this only matters
   to code that calls transformers' functions.
@@ -130,15 +134,24 @@ def is_uninitialized_linear_layer(layer) -> bool:
             and all(v is None for v in getattr(layer, "recurrent_states", {}).values()))
 
 
+def _before_5_18() -> bool:
+    import transformers
+
+    return tuple(int(p) for p in transformers.__version__.split(".")[:2]) < (5, 18)
+
+
+def refuses_assisted_on_static_caches() -> bool:
+    """transformers before 5.18 refuses assisted generation on a ``StaticCache`` (a ValueError)."""
+    return _before_5_18()
+
+
 def assisted_generation_gap(model) -> str | None:
     """Why this transformers version's own assisted generation cannot serve ``model`` (patched or
     not), or None. 5.17: its assisted loop looks the cache up under ``past_key_values`` only, which
     its pure Mamba-2 model (``cache_params``) never has; and its qwen4_exp indexed attention, after a
     partial rejection, continues off the greedy path although the rolled-back cache layers equal
     freshly built ones (transformers' side; 5.24 passes the same test)."""
-    import transformers
-
-    old = tuple(int(p) for p in transformers.__version__.split(".")[:2]) < (5, 18)
+    old = _before_5_18()
     if old and generate_cache_kwarg(model) == "cache_params":
         return "transformers < 5.18 assisted decoding needs a past_key_values cache; this model takes cache_params"
     if old and str(getattr(getattr(model, "config", None), "model_type", "")).startswith("qwen4_exp"):

@@ -25,6 +25,8 @@ does); ``cache_state.detach_buffers`` gives them their class back. The model ins
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from replayssm.errors import ConfigError, RollbackError, VerifyWindowError
@@ -177,11 +179,34 @@ def _crop_count(tokens_to_remove: int) -> int:
     return -int(tokens_to_remove)
 
 
+def _class_answer(layer, name: str):
+    """What the layer's original cache-layer class answers for ``name`` (a property or a plain value)."""
+    value = inspect.getattr_static(type(layer)._replayssm_original_layer_class, name)
+    return value.__get__(layer) if isinstance(value, property) else value
+
+
+def _in_rollback_mode(layer) -> bool:
+    return get_buffers(layer) is not None and compat.is_recording_past(layer)
+
+
 def _is_croppable(self) -> bool:
     """True in rollback mode (buffers here and the cache recording its past); else the class's answer."""
-    if get_buffers(self) is not None and compat.is_recording_past(self):
-        return True
-    return type(self)._replayssm_original_layer_class.is_croppable.__get__(self)
+    return True if _in_rollback_mode(self) else _class_answer(self, "is_croppable")
+
+
+def _is_compileable(self) -> bool:
+    """In rollback mode, the class's answer for a layer that does not record its past: transformers'
+    recording layer grows its conv state, the window path keeps every tensor at its size and address
+    (the conv history is a buffer of its own). A static cache then keeps the 4-D masks of its
+    one-token steps, which transformers drops on a cache it cannot compile: its unwritten and cropped
+    positions would be attended."""
+    if not _in_rollback_mode(self):
+        return _class_answer(self, "is_compileable")
+    self.record_past = False
+    try:
+        return _class_answer(self, "is_compileable")
+    finally:
+        self.record_past = True
 
 
 def _crop(self, tokens_to_remove: int) -> None:
@@ -207,8 +232,31 @@ def rollback_layer_class(cls: type) -> type:
     if sub is None:
         sub = type(f"Replay{cls.__name__}", (cls,), {
             "__module__": __name__, "_replayssm_original_layer_class": cls,
-            "is_croppable": property(_is_croppable), "crop": _crop,
+            "is_croppable": property(_is_croppable), "is_compileable": property(_is_compileable), "crop": _crop,
             "__doc__": f"{cls.__name__} holding ReplaySSM buffers: croppable while recording its past."})
+        _LAYER_CLASSES[cls] = sub
+    return sub
+
+
+def _crop_indexer_positions(self, tokens_to_remove: int) -> None:
+    """The class's crop, then the indexer's position ids cropped too where the class left them
+    (transformers 5.24's ``StaticIndexedLayer`` does; its dynamic twin crops them)."""
+    before = self.indexer_position_ids
+    type(self).__mro__[1].crop(self, tokens_to_remove)
+    if tokens_to_remove < 0 and before is not None and self.indexer_position_ids is before:
+        self.indexer_position_ids = before[..., :tokens_to_remove]
+
+
+def _indexed_layer_class(cls: type) -> type:
+    """The subclass of an indexed attention cache-layer class whose crop also crops the indexer's
+    position ids (created once per class)."""
+    if cls.__name__.startswith("PositionCropping"):
+        return cls
+    sub = _LAYER_CLASSES.get(cls)
+    if sub is None:
+        sub = type(f"PositionCropping{cls.__name__}", (cls,), {
+            "__module__": __name__, "crop": _crop_indexer_positions,
+            "__doc__": f"{cls.__name__} whose crop also crops the indexer's position ids."})
         _LAYER_CLASSES[cls] = sub
     return sub
 
@@ -216,11 +264,14 @@ def rollback_layer_class(cls: type) -> type:
 def enable_layer_rollback(layer, cache=None) -> None:
     """Give the cache layer instance its rollback subclass (``cache_state.detach_buffers`` undoes it).
     With ``cache``, also its linear-attention layers that no layer ever initialises (5.17 gives
-    MLP-only layers one): their subclass's crop is a no-op, as nothing is there to crop."""
+    MLP-only layers one): their subclass's crop is a no-op, as nothing is there to crop; and its
+    indexed attention layers a crop that leaves no rejected draft's position behind."""
     layer.__class__ = rollback_layer_class(type(layer))
     for other in getattr(cache, "layers", ()):
         if compat.is_uninitialized_linear_layer(other):
             other.__class__ = rollback_layer_class(type(other))
+        elif hasattr(other, "indexer_position_ids") and "crop" in type(other).__dict__:
+            other.__class__ = _indexed_layer_class(type(other))
 
 
 # ----------------------------------------------------------------------------- the model

@@ -20,10 +20,13 @@ VOCAB = 512
 
 
 class ScriptedDrafter(CandidateGenerator):
-    """Proposes 1..max_draft tokens per round; ``log`` records (drafted, agreed) per round."""
+    """Proposes min_draft..max_draft tokens per round (0: the round is one plain step); ``log``
+    records (drafted, agreed) per round."""
 
-    def __init__(self, model, oracle: torch.Tensor, max_draft: int, seed: int = 0, poison: bool = True):
+    def __init__(self, model, oracle: torch.Tensor, max_draft: int, seed: int = 0, poison: bool = True,
+                 min_draft: int = 1):
         self.model, self.oracle, self.max_draft, self.poison = model, oracle, max_draft, poison
+        self.min_draft = min_draft
         self.gen = torch.Generator().manual_seed(seed)
         self.log: list[tuple[int, int]] = []
 
@@ -33,13 +36,15 @@ class ScriptedDrafter(CandidateGenerator):
         room = self.oracle.shape[1] - cur - 1
         if room <= 0:
             return input_ids, None
-        k = min(int(torch.randint(1, self.max_draft + 1, (1,), generator=self.gen)), room)
+        k = min(int(torch.randint(self.min_draft, self.max_draft + 1, (1,), generator=self.gen)), room)
         r = len(self.log) % 4  # every fourth round full rejection, every fourth full acceptance
         agree = 0 if r == 1 else k if r == 2 else int(torch.randint(0, k + 1, (1,), generator=self.gen))
         right = self.oracle[0, cur:cur + k].to(input_ids.device)
         wrong = (right + 1 + torch.randint(0, VOCAB - 1, (k,), generator=self.gen).to(right.device)) % VOCAB
         draft = torch.where(torch.arange(k, device=right.device) < agree, right, wrong)
         self.log.append((k, agree))
+        if k == 0:
+            return input_ids, None
         return torch.cat([input_ids, draft[None]], dim=1), None
 
     def update_candidate_strategy(self, input_ids, scores, num_matches):

@@ -15,6 +15,7 @@ import transformers
 
 import replayssm
 from replayssm.errors import RollbackError, VerifyWindowError
+from replayssm.patches import compat
 from replayssm.patches.compat import assisted_generation_gap
 
 from helpers import REWRITABLE_FAMILIES, generate, tiny
@@ -28,8 +29,8 @@ def _prompt(seed=0, length=9, device="cpu"):
     return ids, torch.ones_like(ids)
 
 
-def _scripted(model, ids, mask, ref, max_draft, seed=0, **kw):
-    drafter = ScriptedDrafter(model, ref.sequences, max_draft, seed=seed)
+def _scripted(model, ids, mask, ref, max_draft, seed=0, min_draft=1, **kw):
+    drafter = ScriptedDrafter(model, ref.sequences, max_draft, seed=seed, min_draft=min_draft)
     with_drafter(model, drafter)
     try:
         # prompt_lookup_num_tokens only selects the assisted mode; the drafter proposes the tokens
@@ -57,6 +58,32 @@ def test_assisted_greedy_equals_plain_greedy(family):
             assert max(k for k, _ in drafter.log) == max_draft
     finally:
         replayssm.unpatch(model)
+
+
+@pytest.mark.parametrize("family", REWRITABLE_FAMILIES)
+def test_assisted_greedy_on_a_static_cache_equals_plain_greedy(family):
+    """A ``StaticCache`` passed in: its attention positions past the sequence (never written, or
+    holding cropped drafts) must stay masked in every step, the one-token steps of rounds without
+    drafts included."""
+    model = tiny(family)
+    if assisted_generation_gap(model):
+        pytest.skip(assisted_generation_gap(model))
+    ids, mask = _prompt(seed=6)
+    key = compat.generate_cache_kwarg(model)
+    replayssm.patch(model, buffer_len=8)
+    try:
+        ref = generate(model, ids, mask, max_new_tokens=NEW, min_new_tokens=NEW)
+        cache = transformers.StaticCache(config=model.config, max_cache_len=96)
+        if compat.refuses_assisted_on_static_caches():  # transformers' own clear error
+            with pytest.raises(ValueError, match="Static cache"):
+                _scripted(model, ids, mask, ref, 4, seed=11, min_draft=0, **{key: cache})
+            return
+        out, drafter = _scripted(model, ids, mask, ref, 4, seed=11, min_draft=0, **{key: cache})
+    finally:
+        replayssm.unpatch(model)
+    assert torch.equal(out.sequences, ref.sequences), drafter.log
+    assert any(a < k for k, a in drafter.log) and any(a == k > 1 for k, a in drafter.log)
+    assert sum(k == 0 for k, _ in drafter.log) >= 3
 
 
 @pytest.mark.parametrize("family", ["nemotron_h", "qwen3_5", "kimi_linear"])
