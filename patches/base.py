@@ -119,9 +119,10 @@ class ReplayMixin:
                 return value[:, lo:hi]
             return value
 
+        keep = compat.conv_state(layer)  # transformers replaces it in this prefill (recording its past)
         out_head = super().forward(hidden_states[:, :head], *[cut(a, 0, head) for a in args],
                                    **{k: cut(v, 0, head) for k, v in kwargs.items()})
-        self._replay_ready(cache, layer, hidden_states)
+        self._replay_ready(cache, layer, hidden_states, keep_conv=keep)
         tail_args = [cut(a, head, S) for a in args]
         tail_kwargs = {k: cut(v, head, S) for k, v in kwargs.items()}
         out_tail = self.forward(hidden_states[:, head:], *tail_args, **tail_kwargs)  # now the window path
@@ -148,13 +149,14 @@ class ReplayMixin:
             compat.set_recurrent_state(layer, encode_state(state, buffers.tensors, target, self.state_scale_dim))
         return buffers
 
-    def _replay_ready(self, cache, layer, hidden_states) -> None:
-        """After the stock path: have buffers (and the cache's arrival counters) ready for decoding."""
+    def _replay_ready(self, cache, layer, hidden_states, keep_conv=None) -> None:
+        """After the stock path: have buffers (and the cache's arrival counters) ready for decoding
+        (``keep_conv``: see ``compat.conv_window_of_prefill``)."""
         state = compat.recurrent_state(layer)
         if state is None or not compat.has_previous_state(layer):
             return
         if compat.is_recording_past(layer):  # a prefill of a cache that will roll back (speculative decoding)
-            compat.conv_window_of_prefill(layer, self.conv1d.weight.shape[-1])
+            compat.conv_window_of_prefill(layer, self.conv1d.weight.shape[-1], keep_conv)
             speculative.enable_layer_rollback(layer, cache)
         buffers = get_buffers(layer)
         if (buffers is None or buffers.extra.get("key") != self._replay_key(hidden_states.dtype, buffers.stock_dtype)

@@ -25,6 +25,10 @@ from dataclasses import dataclass, field
 import torch
 
 ATTR = "_replayssm"
+#: ``ReplayBuffers.extra`` flag of a layer in rollback mode (``speculative``): every row's entries are
+#: committed (set by a rollback, cleared by a window forward and by ``clear``), so a window needs no
+#: compaction and no host sync; a captured window forward relies on it
+SETTLED = "settled"
 ARRIVALS_ATTR = "_replayssm_arrivals"
 METHODS = ("reorder_cache", "batch_select_indices", "batch_repeat_interleave", "reset", "offload", "prefetch")
 
@@ -90,6 +94,7 @@ class ReplayBuffers:
     def clear(self) -> None:
         """Empty every row's buffer (after a reset or a fresh prefill)."""
         self.cursor.zero_()
+        self.extra.pop(SETTLED, None)
 
 
 def cache_arrivals(cache, device: torch.device, batch: int) -> torch.Tensor | None:

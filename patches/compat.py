@@ -113,17 +113,23 @@ def attention_crop(layer_class: type):
     return None
 
 
-def conv_window_of_prefill(layer, width: int) -> None:
+def conv_window_of_prefill(layer, width: int, keep: torch.Tensor | None = None) -> None:
     """After a prefill on a layer recording its past: the conv state as a (B, C, width) tensor of the
-    last ``width`` inputs (zeros before the first), as a non-recording prefill leaves it."""
+    last ``width`` inputs (zeros before the first), as a non-recording prefill leaves it; written into
+    ``keep`` (the layer's conv state before the prefill, which transformers replaced) where it has that
+    form, so that the cache's tensors keep their addresses from call to call (captured graphs)."""
     conv = layer.conv_states[0]
-    if conv is None or conv.shape[-1] == width:
+    if conv is None or conv is keep:
         return
     if conv.shape[-1] > width:
         conv = conv[..., -width:]
-    else:
+    elif conv.shape[-1] < width:
         conv = torch.nn.functional.pad(conv, (width - conv.shape[-1], 0))
-    layer.conv_states[0] = conv.contiguous()
+    if (keep is not None and keep.shape == conv.shape and keep.dtype == conv.dtype and keep.device == conv.device
+            and keep.is_contiguous()):
+        layer.conv_states[0] = keep.copy_(conv)
+    else:
+        layer.conv_states[0] = conv.contiguous()
 
 
 def is_uninitialized_linear_layer(layer) -> bool:

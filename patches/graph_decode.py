@@ -10,10 +10,16 @@ graph for every later step, copying the step's inputs (token ids, positions, the
 mask transformers builds for a static cache) into the graph's static input tensors. Prefill and
 everything around the model call (logits processors, sampling, stopping) stay eager.
 
+Assisted generation (a draft model, prompt lookup; transformers 5.18+, which takes a static cache
+there) gets pooled slots of its own: after the prefill, every forward of T new tokens (a verify
+window, T = 1 in rounds without drafts) is captured once per shape on its second occurrence and
+replayed after that, while every ReplaySSM layer has all its entries committed (the state each
+crop leaves, which the captured window assumed: ``speculative.settled``); the crops run eagerly.
+
 Whatever the graphs cannot serve falls back to the eager patched path with one log line: beam
-search, assisted generation, a cache passed in, a cache implementation asked for, a model off
-CUDA, a sliding-window attention layer (its cache keeps a host-side counter that a graph would
-freeze), more tokens than ``max_len``, a capture that fails.
+search, a cache passed in, a cache implementation asked for, a model off CUDA, a sliding-window
+attention layer (its cache keeps a host-side counter that a graph would freeze), more tokens than
+``max_len``, assisted generation before transformers 5.18, a capture that fails.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import torch
 from transformers import StoppingCriteriaList
 from transformers.generation.configuration_utils import GenerationMode
 
-from . import compat
+from . import compat, speculative
 from .cache_state import get_buffers
 from .graph_inputs import StepInputs
 from .launch_ahead import LaunchAhead
@@ -142,16 +148,30 @@ class GraphSlot:
     share_output: bool = False  # this call's loop copies the logits before the next step (greedy / sampling)
     ahead: "LaunchAhead | None" = None  # this call's early launch of the next step, where it may run
     launched_ahead: int = 0
+    assisted: bool = False  # a slot of assisted generation: its forwards after the prefill are windows
+    windows: dict = field(default_factory=dict)  # signature -> WindowGraph (assisted slots)
+    warm_windows: set = field(default_factory=set)  # signatures run once eagerly (assisted slots)
 
     def cache_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in _cache_tensors(self.cache))
 
     def report(self) -> dict:
-        return {"batch_size": self.batch_size, "max_len": self.max_len, "captured": self.graph is not None,
+        return {"batch_size": self.batch_size, "max_len": self.max_len, "assisted": self.assisted,
+                "captured": self.graph is not None or bool(self.windows), "window_graphs": len(self.windows),
                 "captures": self.captures, "steps_launched_ahead": self.launched_ahead,
                 "capture_s": self.capture_s, "cache_bytes": self.cache_bytes(),
                 "graph_bytes": self.graph_bytes, "memory_bytes": self.cache_bytes() + self.graph_bytes,
                 "fallback": self.failed}
+
+
+@dataclass
+class WindowGraph:
+    """A captured forward of one window shape on an assisted slot."""
+
+    graph: CudaGraph
+    static_inputs: dict
+    static_output: object
+    addresses: tuple
 
 
 def _cache_tensors(cache) -> list[torch.Tensor]:
@@ -303,8 +323,8 @@ class GraphDecoder:
             return "the model is in training mode"
         if compat.find_cache(kwargs) is not None:
             return "a cache was passed in"
-        if any(kwargs.get(name) is not None for name in _ASSISTED):
-            return "assisted generation"
+        if _assisted(kwargs) and compat.refuses_assisted_on_static_caches():
+            return "assisted generation on transformers < 5.18 (it refuses a static cache there)"
         if (config.num_beams or 1) > 1:
             return "beam search"
         if config.use_cache is False:
@@ -331,17 +351,19 @@ class GraphDecoder:
         reason = self._fallback_reason(kwargs, config)
         if reason is None and shape is None:
             reason = "no input_ids / inputs_embeds tensor to size the cache"
+        assisted = _assisted(kwargs)
         if reason is None:
             batch = shape[0] * (config.num_return_sequences or 1)
             new = config.max_new_tokens if config.max_new_tokens is not None else config.max_length - shape[1]
-            need = shape[1] + max(int(new), 1)
+            # a verify window writes its drafts past the tokens kept: room for one ring of them
+            need = shape[1] + max(int(new), 1) + (_window_room(self.model) if assisted else 0)
             if self.max_len is not None and need > self.max_len:
                 reason = f"the call needs {need} cache positions, above graph_max_len={self.max_len}"
         if reason is not None:
             self._log_once(reason)
             return self._original_generate(*args, **kwargs)
 
-        slot = self._slot(batch, need)
+        slot = self._slot(batch, need, assisted)
         reason = self._unsafe_layers(slot.cache)
         if reason is not None:
             self.slots.remove(slot)
@@ -381,16 +403,16 @@ class GraphDecoder:
             self.slots.remove(slot)
         return result
 
-    def _slot(self, batch: int, need: int) -> GraphSlot:
+    def _slot(self, batch: int, need: int, assisted: bool = False) -> GraphSlot:
         self._clock += 1
-        fitting = [s for s in self.slots if s.batch_size == batch and s.max_len >= need]
+        fitting = [s for s in self.slots if s.batch_size == batch and s.max_len >= need and s.assisted == assisted]
         if fitting:
             slot = min(fitting, key=lambda s: s.max_len)
         else:
             from transformers import StaticCache
 
             max_len = self.max_len or max(MIN_LEN, 1 << (need - 1).bit_length())
-            slot = GraphSlot(batch_size=batch, max_len=max_len,
+            slot = GraphSlot(batch_size=batch, max_len=max_len, assisted=assisted,
                              cache=StaticCache(config=self.model.config, max_cache_len=max_len))
             self.slots.append(slot)
             while len(self.slots) > MAX_SLOTS:
@@ -400,7 +422,8 @@ class GraphDecoder:
 
     @staticmethod
     def _unsafe_layers(cache) -> str | None:
-        names = sorted({type(layer).__name__ for layer in cache.layers} - GRAPH_SAFE_LAYERS)
+        names = sorted({getattr(type(layer), "_replayssm_original_layer_class", type(layer)).__name__
+                        for layer in cache.layers} - GRAPH_SAFE_LAYERS)
         if names:
             return f"cache layers {', '.join(names)} keep host-side state that a graph would freeze"
         return None
@@ -408,13 +431,15 @@ class GraphDecoder:
     # ------------------------------------------------------------ inputs, forward
     def prepare_inputs(self, input_ids, *args, **kwargs):
         slot = self.current
-        if (slot is None or args or kwargs.get("next_sequence_length") != 1
+        if (slot is None or slot.assisted or args or kwargs.get("next_sequence_length") != 1
                 or compat.find_cache(kwargs) is not slot.cache):
             return self._original_prepare(input_ids, *args, **kwargs)
         return slot.inputs.prepare(lambda: self._original_prepare(input_ids, **kwargs), input_ids, kwargs)
 
     def forward(self, *args, **kwargs):
         slot = self.current
+        if slot is not None and slot.assisted and not args and compat.find_cache(kwargs) is slot.cache:
+            return self._window_forward(slot, kwargs)
         if slot is None or args or compat.find_cache(kwargs) is not slot.cache or not _single_token(kwargs):
             if slot is not None and slot.ahead is not None and slot.ahead.pending:
                 slot.ahead.collect(kwargs, same_structure=False)  # raises: the cache is a step ahead
@@ -457,11 +482,55 @@ class GraphDecoder:
             slot.ahead.ran_graph()
         return self._output(slot)
 
+    def _window_forward(self, slot: GraphSlot, kwargs: dict):
+        """A forward on an assisted slot: the prefill (its first) eagerly; then each window shape
+        eagerly once, captured the second time, replayed after that while the cache is settled."""
+        slot.step += 1
+        if slot.step == 1 or slot.failed is not None or not speculative.settled(slot.cache):
+            return self._original_forward(**kwargs)
+        signature = _signature(kwargs)
+        record = slot.windows.get(signature)
+        if record is not None and record.addresses != _addresses(slot.cache):
+            del slot.windows[signature]  # the cache's tensors moved (a rebuild): capture again
+            slot.warm_windows.discard(signature)
+            record = None
+        if record is not None:
+            _copy_into(record.static_inputs, kwargs)
+            record.graph.replay()
+            speculative.unsettle(slot.cache)
+            return _fresh_output(record.static_output)
+        if signature not in slot.warm_windows:
+            slot.warm_windows.add(signature)
+            return _side_stream_call(lambda: self._original_forward(**kwargs))
+        static_inputs = _static_copy(kwargs)
+        graph = CudaGraph(CudaGraph.new_pool())
+        addresses = _addresses(slot.cache)
+        before = CudaGraph.memory_allocated()
+        try:
+            output = graph.capture_and_run(lambda: self._original_forward(**static_inputs))
+        except Exception as exc:  # an op that cannot be captured (a host sync, a data-dependent shape)
+            slot.failed = f"capture failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+            self._log_once(slot.failed)
+            return self._original_forward(**kwargs)  # nothing ran on the device during the capture
+        slot.graph_bytes += max(CudaGraph.memory_allocated() - before, 0)
+        slot.captures += 1
+        slot.windows[signature] = WindowGraph(graph, static_inputs, output, addresses)
+        return _fresh_output(output)
+
     @staticmethod
     def _output(slot: GraphSlot):
         """The step's output: the graph's own tensors where the loop copies the logits before the
         next step (transformers' greedy / sampling loop does, first thing), fresh copies otherwise."""
         return copy.copy(slot.static_output) if slot.share_output else _fresh_output(slot.static_output)
+
+
+def _assisted(kwargs: dict) -> bool:
+    return any(kwargs.get(name) is not None for name in _ASSISTED)
+
+
+def _window_room(model) -> int:
+    """The longest ring of the model's ReplaySSM layers (a verify window holds at most that many)."""
+    return max((m.replay_options.buffer_len for m in model.modules() if hasattr(m, "replay_options")), default=0)
 
 
 def _single_token(kwargs: dict) -> bool:

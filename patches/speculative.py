@@ -34,7 +34,7 @@ from replayssm.kernels.speculation import (conv_rollback_reference, conv_verify_
                                            verify_start)
 
 from . import compat
-from .cache_state import ReplayBuffers, get_buffers
+from .cache_state import SETTLED, ReplayBuffers, get_buffers
 from .quant_state import needs_replay_path
 
 HIST, COMMITTED = "conv_hist", "committed"
@@ -72,12 +72,14 @@ def prepare_window(mixer, layer, buffers: ReplayBuffers, T: int) -> torch.Tensor
         _enter_rollback_mode(mixer, layer, buffers, L)
     cursor = buffers.cursor
     committed = t[COMMITTED]
-    over = (cursor + T > L) & (committed < cursor)
-    if bool(over.any()):  # uncommitted entries on a full ring (a draft's single steps): keep them
-        fold = torch.maximum(committed, cursor + T - L).clamp(min=0)
-        _compact(mixer, layer, buffers, torch.where(over, fold, torch.zeros_like(fold)))
+    if not buffers.extra.get(SETTLED):  # else every entry is committed: nothing to keep, no host sync
+        over = (cursor + T > L) & (committed < cursor)
+        if bool(over.any()):  # uncommitted entries on a full ring (a draft's single steps): keep them
+            fold = torch.maximum(committed, cursor + T - L).clamp(min=0)
+            _compact(mixer, layer, buffers, torch.where(over, fold, torch.zeros_like(fold)))
     start = verify_start(buffers.cursor, T, L)
     committed.copy_(torch.minimum(committed, start.to(committed.dtype)))  # a flush-first row folds them all
+    buffers.extra[SETTLED] = False
     return start
 
 
@@ -99,6 +101,7 @@ def _enter_rollback_mode(mixer, layer, buffers: ReplayBuffers, L: int) -> None:
     Bt, C, K = conv.shape
     buffers.tensors[HIST] = torch.zeros(Bt, C, K + L, dtype=conv.dtype, device=conv.device)
     buffers.tensors[COMMITTED] = torch.zeros(Bt, dtype=torch.int32, device=conv.device)
+    buffers.extra[SETTLED] = False
 
 
 def leave_rollback_mode(mixer, layer, buffers: ReplayBuffers) -> None:
@@ -108,6 +111,7 @@ def leave_rollback_mode(mixer, layer, buffers: ReplayBuffers) -> None:
         mixer._replay_materialize(compat.recurrent_state(layer), buffers)
     buffers.tensors.pop(HIST, None)
     buffers.tensors.pop(COMMITTED, None)
+    buffers.extra.pop(SETTLED, None)
 
 
 def _ring_names(mixer) -> list[str]:
@@ -170,6 +174,29 @@ def rollback_layer(layer, n) -> None:
     rollback_cursor_reference(cursor, n)
     conv_rollback_reference(t[HIST], compat.conv_state(layer), cursor)
     t[COMMITTED].copy_(torch.where(cursor >= 0, cursor, 0))
+    buffers.extra[SETTLED] = True
+
+
+def settled(cache) -> bool:
+    """Whether every ReplaySSM layer of ``cache`` is in rollback mode with all entries committed
+    (what a captured window forward assumed); False for a cache without such layers."""
+    found = False
+    for layer in getattr(cache, "layers", ()):
+        buffers = get_buffers(layer)
+        if buffers is None:
+            continue
+        if not buffers.extra.get(SETTLED):
+            return False
+        found = True
+    return found
+
+
+def unsettle(cache) -> None:
+    """A window ran outside Python (a graph replay): clear the flags as ``prepare_window`` would."""
+    for layer in getattr(cache, "layers", ()):
+        buffers = get_buffers(layer)
+        if buffers is not None:
+            buffers.extra[SETTLED] = False
 
 
 def _crop_count(tokens_to_remove: int) -> int:

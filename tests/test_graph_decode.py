@@ -6,21 +6,47 @@ inputs, the warm-up / capture / replay sequence and the fallbacks are exercised 
 real capture is tested on the GPU (tests/test_graph_decode_gpu.py).
 """
 
+import contextlib
 import logging
 
 import pytest
 import torch
 
 import replayssm
-from replayssm.patches import graph_decode
+from replayssm.patches import compat, graph_decode, speculative
 
 from helpers import generate, left_padded_batch, max_logit_diff, tiny
+from speculative_helpers import ScriptedDrafter, with_drafter, without_drafter
 
 FAMILIES = ["nemotron_h", "bamba", "qwen3_5", "kimi_linear"]
 
 
+HOST_SYNCS = ("__bool__", "item", "tolist", "__int__", "__float__", "__index__")
+
+
+@contextlib.contextmanager
+def no_host_sync():
+    """Every tensor-to-host read raises inside: on a GPU each is a sync, which a capture refuses
+    (and a value read on the host would be frozen into the graph)."""
+
+    def refuse(name):
+        def read(self, *args, **kwargs):
+            raise RuntimeError(f"Tensor.{name} (a host sync) during a capture")
+        return read
+
+    saved = {name: getattr(torch.Tensor, name) for name in HOST_SYNCS}
+    for name in HOST_SYNCS:
+        setattr(torch.Tensor, name, refuse(name))
+    try:
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)
+
+
 class ReplayByCall:
-    """CPU stand-in for a CUDA graph: replay() calls the captured function again."""
+    """CPU stand-in for a CUDA graph: replay() calls the captured function again; the capture
+    refuses host syncs, as a CUDA capture does."""
 
     instances: list["ReplayByCall"] = []
 
@@ -34,7 +60,8 @@ class ReplayByCall:
 
     def capture_and_run(self, fn):
         self.fn = fn
-        self.output = fn()
+        with no_host_sync():
+            self.output = fn()
         return self.output
 
     def replay(self):
@@ -92,6 +119,70 @@ def test_graph_decode_equals_eager_patched(family, cpu_graphs):
         replayssm.unpatch(model)
     assert not hasattr(model, graph_decode.ATTR)
     assert not {"forward", "generate", "prepare_inputs_for_generation"} & model.__dict__.keys()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_assisted_generation_replays_its_windows(family, cpu_graphs, caplog):
+    """Scripted drafts of 0..4 tokens (rounds of one plain step included): token for token the plain
+    greedy output, through window graphs captured once per shape and kept for the next call
+    (transformers 5.18+; before, it refuses static caches and the call decodes eagerly)."""
+    model = tiny(family)
+    if compat.assisted_generation_gap(model):
+        pytest.skip(compat.assisted_generation_gap(model))
+    ids = torch.randint(3, 512, (1, 9), generator=torch.Generator().manual_seed(8))
+    kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0, max_new_tokens=40,
+              min_new_tokens=40)
+    try:
+        replayssm.patch(model, buffer_len=8, cuda_graphs=True)
+        ref = model.generate(ids, **kw)
+        plain_graphs = len(cpu_graphs)
+        replays = []
+        for _ in range(2):  # the same drafts twice
+            drafter = ScriptedDrafter(model, ref, 4, seed=1, min_draft=0)
+            with_drafter(model, drafter)
+            before = sum(g.replays for g in cpu_graphs[plain_graphs:])
+            with caplog.at_level(logging.WARNING, logger="replayssm"):
+                out = model.generate(ids, prompt_lookup_num_tokens=4, **kw)
+            without_drafter(model)
+            assert torch.equal(out, ref), drafter.log
+            replays.append(sum(g.replays for g in cpu_graphs[plain_graphs:]) - before)
+        if compat.refuses_assisted_on_static_caches():
+            assert "assisted generation on transformers < 5.18" in caplog.text and sum(replays) == 0
+            return
+        windows = [r for r in replayssm.graph_report(model) if r["assisted"]]
+        assert len(windows) == 1 and windows[0]["fallback"] is None
+        assert 2 <= windows[0]["window_graphs"] <= 5  # one per window length seen twice (1..5 tokens)
+        # the second call finds the first's graphs: every forward after the prefill replays (one per
+        # logged round after the first, plus the last one, for which the drafter had no room)
+        assert 0 < replays[0] < replays[1] == len(drafter.log)
+    finally:
+        replayssm.unpatch(model)
+
+
+def test_a_crop_settles_the_cache_and_a_window_unsettles_it():
+    """What a window graph's replay waits for: every ReplaySSM layer with all its entries committed
+    (after a crop), which a window forward (or a replay, ``unsettle``) ends."""
+    model = tiny("qwen3_5")
+    replayssm.patch(model, buffer_len=8, cuda_graphs=True)
+    try:
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=model.config)
+        cache.activate_past_recording()
+        key = compat.generate_cache_kwarg(model)
+        ids = torch.randint(3, 512, (1, 12), generator=torch.Generator().manual_seed(9))
+        model(input_ids=ids[:, :9], **{key: cache})
+        assert not speculative.settled(cache)  # the prefill's window entries are drafts until a crop
+        cache.crop(-2)
+        assert speculative.settled(cache)
+        model(input_ids=ids[:, 9:12], **{key: cache})
+        assert not speculative.settled(cache)
+        cache.crop(0)
+        assert speculative.settled(cache)
+        speculative.unsettle(cache)
+        assert not speculative.settled(cache)
+    finally:
+        replayssm.unpatch(model)
 
 
 def test_graph_slots_per_batch_and_sampling(cpu_graphs):
