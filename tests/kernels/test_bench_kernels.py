@@ -86,9 +86,10 @@ def test_speculative_benchmark_smoke_run(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads((tmp_path / "speculative.json").read_text())
     rows = data["rows"]
-    assert [r["mode"] for r in rows] == ["plain, eager"] + ["oracle drafter, 4 per round"] * 3 + [
-        "prompt lookup, repeating prompt"]
+    assert [r["mode"] for r in rows] == ["plain, eager"] + ["oracle drafter, 4 per round, eager"] * 3 + [
+        "prompt lookup, repeating prompt, eager"]
     assert all(r["equal"] and r["tokens_per_s"] > 0 for r in rows)
+    assert all(abs(r["vs_plain"] - r["tokens_per_s"] / rows[0]["tokens_per_s"]) < 1e-2 for r in rows)
     assert [r["accept"] for r in rows[1:4]] == [1.0, 0.5, 0.0]
     assert rows[1]["acceptance"] == 1.0 and rows[3]["acceptance"] == 0.0 and rows[1]["rounds"] < rows[3]["rounds"]
     assert data["meta"]["model"] == "tiny:nemotron_h" and "--smoke" in data["meta"]["command"]
