@@ -52,6 +52,41 @@ def test_graphs_equal_eager_fp32(family):
         model.cpu()
 
 
+@pytest.mark.parametrize("family", REWRITABLE_FAMILIES)
+def test_assisted_windows_in_graphs_equal_plain_greedy_fp32(family):
+    """Scripted drafts of 0..4 tokens through captured verify windows, twice (the second call replays
+    from its first window): the plain greedy tokens of the same patched model."""
+    from replayssm.patches import compat
+
+    from speculative_helpers import ScriptedDrafter, with_drafter, without_drafter
+
+    model = tiny(family).cuda()
+    if compat.assisted_generation_gap(model) or compat.refuses_assisted_on_static_caches():
+        pytest.skip("this transformers runs no assisted generation on a static cache for this model")
+    ids = torch.randint(3, 512, (1, 9), generator=torch.Generator().manual_seed(8)).cuda()
+    kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0, max_new_tokens=48,
+              min_new_tokens=48)
+    try:
+        replayssm.patch(model, buffer_len=8, cuda_graphs=True)
+        ref = model.generate(ids, **kw)
+        for _ in range(2):
+            drafter = ScriptedDrafter(model, ref, 4, seed=3, min_draft=0)
+            with_drafter(model, drafter)
+            try:
+                out = model.generate(ids, prompt_lookup_num_tokens=4, **kw)
+            finally:
+                without_drafter(model)
+            assert torch.equal(out, ref), drafter.log
+        windows = [r for r in replayssm.graph_report(model) if r["assisted"]]
+        if _unsafe(model):
+            assert windows == []
+        else:
+            assert windows and windows[0]["window_graphs"] >= 2 and windows[0]["fallback"] is None, windows
+    finally:
+        replayssm.unpatch(model)
+        model.cpu()
+
+
 @pytest.mark.parametrize("family", ["nemotron_h", "qwen3_5", "kimi_linear"])
 def test_graphs_bf16_sampling_and_per_step(family):
     model = tiny(family, torch.bfloat16).cuda()
