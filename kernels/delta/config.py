@@ -101,9 +101,15 @@ def default_config(Bt: int, K: int, V: int, state_dtype: torch.dtype, kda: bool)
     # GDN with 16-bit checkpoints: the output launch keeps the flush rows (its checkpoint load would
     # wait for the cursor), and the flush runs 128-column items on 2 programs per SM with 4 warps
     gdn16 = not kda and not fp32
+    # GDN with 8-bit checkpoints: 64-column output programs, and 32-column flush items on 8 programs
+    # per SM (the flush's absmax and rounding span whole key-dim columns)
+    gdn8 = gdn16 and state_dtype.itemsize == 1
+    if gdn8:
+        block_v = 64
     return LaunchConfig(
         one_launch=False, block_v=block_v, num_warps=warps, block_k=bk,
-        flush_block_v=128 if gdn16 else 32, flush_warps=4 if gdn16 else 2, flush_programs=2 if gdn16 else 8,
+        flush_block_v=128 if gdn16 and not gdn8 else 32, flush_warps=4 if gdn16 else 2,
+        flush_programs=2 if gdn16 and not gdn8 else 8,
         # 2-stage flush item loop only where neither whole-head items (KDA) nor prefetching (GDN fp32) run
         flush_stages=1 if kda or fp32 else 2,
         coef_block_k=128,

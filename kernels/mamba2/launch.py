@@ -68,9 +68,10 @@ def dot_precision(requested: str | None) -> str:
 
 
 def uses_lowp_dot(state_dtype: torch.dtype, x_buf_dtype: torch.dtype, B_buf_dtype: torch.dtype) -> bool:
-    """Whether the flush ``tl.dot`` runs on 16-bit operands: a 16-bit checkpoint and 16-bit rings
-    of one dtype."""
-    return state_dtype.itemsize == 2 and x_buf_dtype.itemsize == 2 and x_buf_dtype == B_buf_dtype
+    """Whether the flush ``tl.dot`` runs on 16-bit operands: 16-bit rings of one dtype beside a 16-bit
+    checkpoint, or an 8-bit one (whose rounding after the product is coarser than the 16-bit
+    rounding of its decay-weighted B operand)."""
+    return state_dtype.itemsize <= 2 and x_buf_dtype.itemsize == 2 and x_buf_dtype == B_buf_dtype
 
 
 def replay_flags(cfg: LaunchConfig, N: int, L: int, n_rows: int, *, has_dt_bias: bool, has_D: bool, has_z: bool,

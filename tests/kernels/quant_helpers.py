@@ -22,8 +22,9 @@ def _quantum(state, scale, dim):
     return torch.maximum(deq * 2.0 ** -mant, floor * s) * 2 + 1e-30
 
 
-def compare(family, dtype, sr, Bsz, steps, device, L=4, shape=None, seed=0):
-    """Run ``steps`` decode steps (rows at staggered cursors, so flushes happen every step); return
+def compare(family, dtype, sr, Bsz, steps, device, L=4, shape=None, seed=0, ring_dtype=torch.float32):
+    """Run ``steps`` decode steps (rows at staggered cursors, so flushes happen every step) with the
+    value / key rings in ``ring_dtype`` (decays stay fp32); return
     (max |y diff| / max |y|, fraction of checkpoint elements off by more than a quantum,
     whether the counters agree)."""
     from replayssm.kernels.delta import delta_replay_decode_reference
@@ -39,8 +40,8 @@ def compare(family, dtype, sr, Bsz, steps, device, L=4, shape=None, seed=0):
         A = -(torch.rand(H, generator=g) * 0.05 + 0.01).to(device)
         dtb, D = rnd(H) * 0.3, rnd(H)
         S0 = rnd(Bsz, H, P, N)
-        bufs = lambda: (torch.zeros(Bsz, H, L, P, device=device), torch.zeros(Bsz, H, L, device=device),  # noqa: E731
-                        torch.zeros(Bsz, G, L, N, device=device))
+        bufs = lambda: (torch.zeros(Bsz, H, L, P, dtype=ring_dtype, device=device),  # noqa: E731
+                        torch.zeros(Bsz, H, L, device=device), torch.zeros(Bsz, G, L, N, dtype=ring_dtype, device=device))
         inputs = lambda: (rnd(Bsz, H, P), rnd(Bsz, H), rnd(Bsz, G, N), rnd(Bsz, G, N))  # noqa: E731
         ref = lambda i, st, b, cur, sc, rg: mamba2_replay_decode_reference(  # noqa: E731
             *i, st, *b, cur, A, dtb, D, None, True, None, None, sc, rg)
@@ -51,7 +52,8 @@ def compare(family, dtype, sr, Bsz, steps, device, L=4, shape=None, seed=0):
         HV, Hk, K, V = shape or (4, 2, 16, 16)
         dim = -2
         S0 = rnd(Bsz, HV, K, V) * 0.3
-        bufs = lambda: (torch.zeros(Bsz, HV, L, V, device=device), torch.zeros(Bsz, Hk, L, K, device=device),  # noqa: E731
+        bufs = lambda: (torch.zeros(Bsz, HV, L, V, dtype=ring_dtype, device=device),  # noqa: E731
+                        torch.zeros(Bsz, Hk, L, K, dtype=ring_dtype, device=device),
                         torch.zeros(Bsz, HV, L, K, device=device) if kda else torch.zeros(Bsz, HV, L, device=device))
 
         def inputs():

@@ -339,3 +339,15 @@ def test_l2norm_qk_kernel_matches_reference_and_oracle(Bt, H, K, dtype):
     assert torch.equal(qk, before)  # the inputs are only read
     with pytest.raises(ValueError, match="q and k must both be"):
         l2norm_qk_triton(q, k[:, :1], scale)
+
+
+def test_8bit_checkpoint_launch_rules():
+    """Gated DeltaNet with an 8-bit checkpoint at serving batches: 64-column output programs and
+    32-column flush items on 8 programs per SM; the 16-bit rule stays as it was."""
+    from replayssm.kernels.delta.config import default_config
+
+    for dtype in (torch.int8, torch.float8_e4m3fn):
+        c = default_config(256, 128, 128, dtype, False)
+        assert (c.block_v, c.num_warps, c.flush_block_v, c.flush_programs, c.flush_output) == (64, 1, 32, 8, False)
+    c = default_config(256, 128, 128, torch.bfloat16, False)
+    assert (c.block_v, c.flush_block_v, c.flush_programs) == (32, 128, 2)

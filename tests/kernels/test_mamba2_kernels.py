@@ -415,3 +415,21 @@ def test_custom_ops_declare_no_defaults_for_mutated_arguments():
             for arg in getattr(op, overload)._schema.arguments:
                 if arg.alias_info is not None and arg.alias_info.is_write:
                     assert not arg.has_default_value(), f"{name}: mutated argument {arg.name} has a default"
+
+
+def test_8bit_checkpoint_launch_rules():
+    """An int8 / fp8 checkpoint flushes whole state-dim tiles (its scale is an absmax over N) on one
+    warp, with the flush product on the 16-bit rings' dtype; 16-bit operands never meet fp32 rings."""
+    import torch
+
+    from replayssm.kernels.mamba2.config import default_config
+    from replayssm.kernels.mamba2.launch import uses_lowp_dot
+
+    c = default_config(256, 128, 64, 128, 8, 16, 1, 2, 132)
+    assert (c.flush_block_n, c.num_warps, c.heads_per_program) == (128, 1, 8)
+    assert default_config(256, 128, 64, 128, 8, 16, 1, 4, 132).num_warps == 2  # fp32 rings: fp32 flush tile
+    for state, ring, lowp in ((torch.int8, torch.bfloat16, True), (torch.float8_e4m3fn, torch.float16, True),
+                              (torch.int8, torch.float32, False), (torch.float32, torch.bfloat16, False),
+                              (torch.bfloat16, torch.bfloat16, True)):
+        assert uses_lowp_dot(state, ring, ring) is lowp, (state, ring)
+    assert not uses_lowp_dot(torch.int8, torch.bfloat16, torch.float16)

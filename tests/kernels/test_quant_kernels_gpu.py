@@ -27,6 +27,18 @@ def test_replay_kernel_matches_reference_on_real_shapes(family, dtype, sr, batch
     assert same_rng
 
 
+@pytest.mark.parametrize("family", list(SHAPES))
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn])
+def test_8bit_checkpoint_beside_bf16_rings(family, dtype):
+    """The serving layout: bf16 rings beside an 8-bit checkpoint, batch 256 (the default launch at a
+    serving batch size; Mamba-2's flush product then runs on bf16 operands, whose rounding is finer
+    than the 8-bit grid's, so a few values near a rounding boundary may land one quantum apart)."""
+    y_err, off, _ = compare(family, dtype, False, 256, steps=4, device="cuda", L=16, shape=SHAPES[family],
+                            ring_dtype=torch.bfloat16)
+    assert y_err < 1e-2, y_err
+    assert off < 1e-3, f"{off:.2e} of the stored values are more than one quantum from the reference's"
+
+
 @pytest.mark.parametrize("family", ["mamba2", "gdn"])
 def test_stochastic_flush_in_a_cuda_graph_draws_anew(family):
     from replayssm.kernels import quant as Q
