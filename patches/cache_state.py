@@ -29,6 +29,10 @@ ATTR = "_replayssm"
 #: committed (set by a rollback, cleared by a window forward and by ``clear``), so a window needs no
 #: compaction and no host sync; a captured window forward relies on it
 SETTLED = "settled"
+#: ``ReplayBuffers.extra`` count of a layer in rollback mode: tokens that every active row can roll back
+#: without a check (the last window's T, all in the ring by the flush-first rule, less what was rolled
+#: back since), so that a crop within it needs no host sync
+ROLLBACK_SAFE = "rollback_safe"
 ARRIVALS_ATTR = "_replayssm_arrivals"
 METHODS = ("reorder_cache", "batch_select_indices", "batch_repeat_interleave", "reset", "offload", "prefetch")
 
@@ -95,6 +99,7 @@ class ReplayBuffers:
         """Empty every row's buffer (after a reset or a fresh prefill)."""
         self.cursor.zero_()
         self.extra.pop(SETTLED, None)
+        self.extra.pop(ROLLBACK_SAFE, None)
 
 
 def cache_arrivals(cache, device: torch.device, batch: int) -> torch.Tensor | None:

@@ -212,6 +212,12 @@ def _signature(value):
     return ("object", id(value))
 
 
+def _window_len(kwargs: dict) -> int:
+    """Tokens per row of a forward: input_ids (B, T) or inputs_embeds (B, T, hidden)."""
+    ids = kwargs.get("input_ids")
+    return (ids if ids is not None else kwargs["inputs_embeds"]).shape[1]
+
+
 def _static_copy(value):
     """Fresh tensors (outside any graph pool) of the same shape and contents."""
     if isinstance(value, torch.Tensor):
@@ -497,7 +503,7 @@ class GraphDecoder:
         if record is not None:
             _copy_into(record.static_inputs, kwargs)
             record.graph.replay()
-            speculative.unsettle(slot.cache)
+            speculative.unsettle(slot.cache, _window_len(kwargs))
             return _fresh_output(record.static_output)
         if signature not in slot.warm_windows:
             slot.warm_windows.add(signature)

@@ -34,7 +34,7 @@ from replayssm.kernels.speculation import (conv_rollback_reference, conv_verify_
                                            verify_start)
 
 from . import compat
-from .cache_state import SETTLED, ReplayBuffers, get_buffers
+from .cache_state import ROLLBACK_SAFE, SETTLED, ReplayBuffers, get_buffers
 from .quant_state import needs_replay_path
 
 HIST, COMMITTED = "conv_hist", "committed"
@@ -80,6 +80,7 @@ def prepare_window(mixer, layer, buffers: ReplayBuffers, T: int) -> torch.Tensor
     start = verify_start(buffers.cursor, T, L)
     committed.copy_(torch.minimum(committed, start.to(committed.dtype)))  # a flush-first row folds them all
     buffers.extra[SETTLED] = False
+    buffers.extra[ROLLBACK_SAFE] = T
     return start
 
 
@@ -112,6 +113,7 @@ def leave_rollback_mode(mixer, layer, buffers: ReplayBuffers) -> None:
     buffers.tensors.pop(HIST, None)
     buffers.tensors.pop(COMMITTED, None)
     buffers.extra.pop(SETTLED, None)
+    buffers.extra.pop(ROLLBACK_SAFE, None)
 
 
 def _ring_names(mixer) -> list[str]:
@@ -161,6 +163,7 @@ def rollback_layer(layer, n) -> None:
             t[COMMITTED].copy_(cursor.clamp(min=0))
             buffers.extra[SETTLED] = True
         return
+    count = n
     n = torch.as_tensor(n, device=cursor.device).to(torch.int32).expand(cursor.shape)
     if HIST not in t:
         if bool((n != 0).any()):
@@ -169,8 +172,10 @@ def rollback_layer(layer, n) -> None:
                 "one that is not: its conv inputs were not kept",
                 hint="call cache.activate_past_recording() before the prefill (assisted generation does)")
         return
-    bad = (n < 0) | ((cursor >= 0) & (n > cursor))
-    if bool(bad.any()):
+    safe = buffers.extra.get(ROLLBACK_SAFE, 0)
+    within = isinstance(count, int) and 0 < count <= safe  # the last window's tokens: valid, no host sync
+    bad = None if within else (n < 0) | ((cursor >= 0) & (n > cursor))
+    if bad is not None and bool(bad.any()):
         row = int(bad.nonzero()[0])
         raise RollbackError(
             f"cannot roll back row {row} by {int(n[row])} token(s): expected at most the {int(cursor[row])} still in "
@@ -180,6 +185,7 @@ def rollback_layer(layer, n) -> None:
     conv_rollback_reference(t[HIST], compat.conv_state(layer), cursor)
     t[COMMITTED].copy_(torch.where(cursor >= 0, cursor, 0))
     buffers.extra[SETTLED] = True
+    buffers.extra[ROLLBACK_SAFE] = safe - count if within else 0
 
 
 def settled(cache) -> bool:
@@ -196,12 +202,14 @@ def settled(cache) -> bool:
     return found
 
 
-def unsettle(cache) -> None:
-    """A window ran outside Python (a graph replay): clear the flags as ``prepare_window`` would."""
+def unsettle(cache, T: int) -> None:
+    """A window of T tokens ran outside Python (a graph replay): set the flags as ``prepare_window``
+    would."""
     for layer in getattr(cache, "layers", ()):
         buffers = get_buffers(layer)
         if buffers is not None:
             buffers.extra[SETTLED] = False
+            buffers.extra[ROLLBACK_SAFE] = T
 
 
 def _crop_count(tokens_to_remove: int) -> int:

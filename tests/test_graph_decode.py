@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import replayssm
+from replayssm.errors import RollbackError
 from replayssm.patches import compat, graph_decode, speculative
 
 from helpers import generate, left_padded_batch, max_logit_diff, tiny
@@ -179,8 +180,41 @@ def test_a_crop_settles_the_cache_and_a_window_unsettles_it():
         assert not speculative.settled(cache)
         cache.crop(0)
         assert speculative.settled(cache)
-        speculative.unsettle(cache)
+        speculative.unsettle(cache, 3)
         assert not speculative.settled(cache)
+    finally:
+        replayssm.unpatch(model)
+
+
+def test_a_crop_within_the_last_window_reads_no_device_value(monkeypatch):
+    """Rolling back tokens of the last window needs no check of the cursors (the flush-first rule keeps
+    them in the ring): no tensor is read on the host. Past the window the check runs, and raises
+    where the ring no longer holds the tokens."""
+    model = tiny("qwen3_5")
+    replayssm.patch(model, buffer_len=8)
+    try:
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=model.config)
+        cache.activate_past_recording()
+        key = compat.generate_cache_kwarg(model)
+        ids = torch.randint(3, 512, (1, 16), generator=torch.Generator().manual_seed(9))
+        model(input_ids=ids[:, :9], **{key: cache})
+        cache.crop(-2)
+        model(input_ids=ids[:, 9:14], **{key: cache})
+        reads = []
+        for name in ("__bool__", "item", "tolist", "__int__"):
+            real = getattr(torch.Tensor, name)
+            monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _real=real, _n=name: reads.append(_n) or
+                                _real(self, *a))
+        cache.crop(-3)
+        cache.crop(-2)  # 5 of the 5-token window
+        assert reads == []
+        with pytest.raises(RollbackError):
+            cache.crop(-1)  # past the window: checked on the cursors (the window's start), and refused
+        assert reads
+        monkeypatch.undo()
+        assert speculative.settled(cache)
     finally:
         replayssm.unpatch(model)
 
