@@ -73,6 +73,8 @@ class ReplayMixin:
         if cache is None and args and hasattr(args[0], "layers"):
             cache = args[0]
         layer = compat.cache_layer(cache, getattr(self, "layer_idx", None)) if cache is not None else None
+        if layer is not None:
+            speculative.check_not_refused(layer)
         ready = (
             layer is not None
             and not self.training

@@ -33,6 +33,9 @@ SETTLED = "settled"
 #: without a check (the last window's T, all in the ring by the flush-first rule, less what was rolled
 #: back since), so that a crop within it needs no host sync
 ROLLBACK_SAFE = "rollback_safe"
+#: ``ReplayBuffers.extra`` entry of a layer whose rollback was refused (the message): the cache's other
+#: layers may have been rolled back already, so every later forward on it raises until a reset
+REFUSED = "refused_rollback"
 ARRIVALS_ATTR = "_replayssm_arrivals"
 METHODS = ("reorder_cache", "batch_select_indices", "batch_repeat_interleave", "reset", "offload", "prefetch")
 
@@ -100,6 +103,7 @@ class ReplayBuffers:
         self.cursor.zero_()
         self.extra.pop(SETTLED, None)
         self.extra.pop(ROLLBACK_SAFE, None)
+        self.extra.pop(REFUSED, None)
 
 
 def cache_arrivals(cache, device: torch.device, batch: int) -> torch.Tensor | None:

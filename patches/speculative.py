@@ -34,7 +34,7 @@ from replayssm.kernels.speculation import (conv_rollback_reference, conv_verify_
                                            verify_start)
 
 from . import compat
-from .cache_state import ROLLBACK_SAFE, SETTLED, ReplayBuffers, get_buffers
+from .cache_state import REFUSED, ROLLBACK_SAFE, SETTLED, ReplayBuffers, get_buffers
 from .quant_state import needs_replay_path
 
 HIST, COMMITTED = "conv_hist", "committed"
@@ -177,15 +177,26 @@ def rollback_layer(layer, n) -> None:
     bad = None if within else (n < 0) | ((cursor >= 0) & (n > cursor))
     if bad is not None and bool(bad.any()):
         row = int(bad.nonzero()[0])
-        raise RollbackError(
-            f"cannot roll back row {row} by {int(n[row])} token(s): expected at most the {int(cursor[row])} still in "
-            f"its ReplaySSM ring (ring of {ring_len(buffers)}); the others were folded into the checkpoint",
-            hint="patch with a larger buffer_len, or verify / draft fewer tokens between rollbacks")
+        message = (f"cannot roll back row {row} by {int(n[row])} token(s): expected at most the {int(cursor[row])} "
+                   f"still in its ReplaySSM ring (ring of {ring_len(buffers)}); the others were folded into the "
+                   "checkpoint")
+        buffers.extra[REFUSED] = message
+        raise RollbackError(message, hint="patch with a larger buffer_len, or verify / draft fewer tokens between "
+                                          "rollbacks; the cache is unusable until reset")
     rollback_cursor_reference(cursor, n)
     conv_rollback_reference(t[HIST], compat.conv_state(layer), cursor)
     t[COMMITTED].copy_(torch.where(cursor >= 0, cursor, 0))
     buffers.extra[SETTLED] = True
     buffers.extra[ROLLBACK_SAFE] = safe - count if within else 0
+
+
+def check_not_refused(layer) -> None:
+    """Raise RollbackError when a refused rollback left ``layer``'s cache part rolled back (other
+    layers may have moved before the refusal): decoding on would mix two sequence lengths."""
+    buffers = get_buffers(layer)
+    if buffers is not None and REFUSED in buffers.extra:
+        raise RollbackError(f"expected a cache in one piece; found one that a refused rollback left part rolled "
+                            f"back ({buffers.extra[REFUSED]})", hint="reset the cache (cache.reset()) or start a new one")
 
 
 def settled(cache) -> bool:

@@ -189,7 +189,8 @@ def test_a_crop_settles_the_cache_and_a_window_unsettles_it():
 def test_a_crop_within_the_last_window_reads_no_device_value(monkeypatch):
     """Rolling back tokens of the last window needs no check of the cursors (the flush-first rule keeps
     them in the ring): no tensor is read on the host. Past the window the check runs, and raises
-    where the ring no longer holds the tokens."""
+    where the ring no longer holds the tokens; the cache, part cropped, then refuses to decode until
+    a reset."""
     model = tiny("qwen3_5")
     replayssm.patch(model, buffer_len=8)
     try:
@@ -214,7 +215,11 @@ def test_a_crop_within_the_last_window_reads_no_device_value(monkeypatch):
             cache.crop(-1)  # past the window: checked on the cursors (the window's start), and refused
         assert reads
         monkeypatch.undo()
-        assert speculative.settled(cache)
+        # the attention layers before the refusing one were cropped: the cache refuses to decode on
+        with pytest.raises(RollbackError, match="part rolled back"):
+            model(input_ids=ids[:, 9:10], **{key: cache})
+        cache.reset()
+        model(input_ids=ids[:, :9], **{key: cache})
     finally:
         replayssm.unpatch(model)
 
