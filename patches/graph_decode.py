@@ -151,6 +151,7 @@ class GraphSlot:
     assisted: bool = False  # a slot of assisted generation: its forwards after the prefill are windows
     windows: dict = field(default_factory=dict)  # signature -> WindowGraph (assisted slots)
     warm_windows: set = field(default_factory=set)  # signatures run once eagerly (assisted slots)
+    window_replays: int = 0  # window forwards replayed from a graph (assisted slots)
 
     def cache_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in _cache_tensors(self.cache))
@@ -158,6 +159,7 @@ class GraphSlot:
     def report(self) -> dict:
         return {"batch_size": self.batch_size, "max_len": self.max_len, "assisted": self.assisted,
                 "captured": self.graph is not None or bool(self.windows), "window_graphs": len(self.windows),
+                "window_replays": self.window_replays,
                 "captures": self.captures, "steps_launched_ahead": self.launched_ahead,
                 "capture_s": self.capture_s, "cache_bytes": self.cache_bytes(),
                 "graph_bytes": self.graph_bytes, "memory_bytes": self.cache_bytes() + self.graph_bytes,
@@ -503,6 +505,7 @@ class GraphDecoder:
         if record is not None:
             _copy_into(record.static_inputs, kwargs)
             record.graph.replay()
+            slot.window_replays += 1
             speculative.unsettle(slot.cache, _window_len(kwargs))
             return _fresh_output(record.static_output)
         if signature not in slot.warm_windows:

@@ -182,7 +182,8 @@ def replayssm_report(model: torch.nn.Module) -> dict:
 def graph_report(model: torch.nn.Module) -> list[dict]:
     """The pooled caches and CUDA graphs of a model patched with ``cuda_graphs=True``: one dict per
     (batch size, capacity) with ``batch_size``, ``max_len``, ``captured``, ``capture_s``,
-    ``cache_bytes``, ``graph_bytes``, ``memory_bytes`` and ``fallback`` (why a capture failed)."""
+    ``cache_bytes``, ``graph_bytes``, ``memory_bytes`` and ``fallback`` (why a capture failed); for
+    assisted generation ``assisted``, ``window_graphs`` (one per window length) and ``window_replays``."""
     decoder = GraphDecoder.of(model)
     return decoder.report() if decoder is not None else []
 

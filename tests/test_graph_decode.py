@@ -156,6 +156,7 @@ def test_assisted_generation_replays_its_windows(family, cpu_graphs, caplog):
         # the second call finds the first's graphs: every forward after the prefill replays (one per
         # logged round after the first, plus the last one, for which the drafter had no room)
         assert 0 < replays[0] < replays[1] == len(drafter.log)
+        assert windows[0]["window_replays"] == sum(replays)
     finally:
         replayssm.unpatch(model)
 
