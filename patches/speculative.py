@@ -30,8 +30,8 @@ import inspect
 import torch
 
 from replayssm.errors import ConfigError, RollbackError, VerifyWindowError
-from replayssm.kernels.speculation import (conv_rollback_reference, conv_verify_reference, rollback_cursor_reference,
-                                           verify_start)
+from replayssm.kernels.rollback import layer_rollback
+from replayssm.kernels.speculation import conv_verify_reference, verify_start
 
 from . import compat
 from .cache_state import REFUSED, ROLLBACK_SAFE, SETTLED, ReplayBuffers, get_buffers
@@ -183,9 +183,9 @@ def rollback_layer(layer, n) -> None:
         buffers.extra[REFUSED] = message
         raise RollbackError(message, hint="patch with a larger buffer_len, or verify / draft fewer tokens between "
                                           "rollbacks; the cache is unusable until reset")
-    rollback_cursor_reference(cursor, n)
-    conv_rollback_reference(t[HIST], compat.conv_state(layer), cursor)
-    t[COMMITTED].copy_(torch.where(cursor >= 0, cursor, 0))
+    owner = buffers._owner() if buffers._owner is not None else None
+    layer_rollback(cursor, n, t[HIST], compat.conv_state(layer), t[COMMITTED],
+                   backend=owner.replay_options.backend if owner is not None else "auto")
     buffers.extra[SETTLED] = True
     buffers.extra[ROLLBACK_SAFE] = safe - count if within else 0
 

@@ -1,0 +1,50 @@
+"""The one-launch layer rollback (``kernels/rollback.py``) against its PyTorch reference and an
+independent gather, under the Triton interpreter (or on a GPU): cursors, restored conv states and
+commit marks, idle rows untouched, per-row and shared counts, conv channels over several blocks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from replayssm.kernels.rollback import layer_rollback_reference, layer_rollback_triton  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _layer(Bt, C, K, L, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    cursor = torch.randint(0, L + 1, (Bt,), generator=g, dtype=torch.int32)
+    cursor[1] = -1  # an idle row
+    hist = torch.randn(Bt, C, K + L, generator=g).to(dtype)
+    state = torch.full((Bt, C, K), float("nan"), dtype=dtype)  # rows that roll back must be overwritten
+    state[1] = 7.0
+    committed = torch.full((Bt,), 99, dtype=torch.int32)
+    return [t.to(DEV) for t in (cursor, hist, state, committed)]
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+@pytest.mark.parametrize("C,K,dtype", [(40, 4, torch.float32), (1100, 4, torch.bfloat16), (24, 3, torch.float32)])
+def test_layer_rollback_matches_reference_and_gather(per_row, C, K, dtype):
+    Bt, L = 5, 8
+    cursor, hist, state, committed = _layer(Bt, C, K, L, dtype, seed=C + K)
+    if per_row:
+        n = (torch.arange(Bt, dtype=torch.int32, device=DEV) % 3).minimum(cursor.clamp(min=0))
+    else:
+        cursor[cursor >= 0] = cursor[cursor >= 0].clamp(min=2)
+        n = torch.tensor(2, dtype=torch.int32, device=DEV)
+    ref = [t.clone() for t in (cursor, hist, state, committed)]
+    layer_rollback_reference(ref[0], n, *ref[1:])
+    before = cursor.clone()
+    layer_rollback_triton(cursor, n, hist, state, committed)
+    assert torch.equal(cursor, ref[0]) and torch.equal(committed, ref[3])
+    assert torch.equal(state, ref[2]) and not state[[0, 2, 3, 4]].isnan().any()
+    for b in range(Bt):  # independently: the K history columns at the new cursor
+        if before[b] < 0:
+            assert cursor[b] == -1 and committed[b] == 0 and (state[b] == 7.0).all()
+            continue
+        c = int(before[b] - (n[b] if n.dim() else n))
+        assert int(cursor[b]) == c == int(committed[b])
+        assert torch.equal(state[b], hist[b, :, c:c + K])
