@@ -142,7 +142,10 @@ class VerifyConfig:
 
 
 @functools.lru_cache(maxsize=256)
-def default_verify_config(K: int) -> VerifyConfig:
-    """The verify step of a layer with key dim ``K``: (not tuned yet) the one-launch decode
-    kernel's tile, 32 columns by the key dim, on 4 warps (8 above K = 128)."""
+def default_verify_config(K: int, Bt: int = 1, kda: bool = False) -> VerifyConfig:
+    """The verify step of ``Bt`` rows of a layer with key dim ``K``: the one-launch decode kernel's
+    tile, 32 columns by the key dim, on 4 warps (8 above K = 128); Gated DeltaNet from batch 32 on
+    one warp (1.3x at batch 64 and 256, T = 5; KDA and small batches not timed yet)."""
+    if not kda and Bt >= 32 and triton.next_power_of_2(K) <= 128:
+        return VerifyConfig(block_v=32, num_warps=1)
     return VerifyConfig(block_v=32, num_warps=4 if triton.next_power_of_2(K) <= 128 else 8)

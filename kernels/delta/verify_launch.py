@@ -43,8 +43,8 @@ def launch_verify(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, *, 
         raise ValueError(f"the verify kernel keeps the key dim in one tile (K <= 256); got K={K}")
     if Bt == 0:
         return out
-    cfg = config or default_verify_config(K)
     kda = g.dim() == 4
+    cfg = config or default_verify_config(K, Bt, kda)
     BV = max(16, min(cfg.block_v, triton.next_power_of_2(V)))
     NV = triton.cdiv(V, BV)
     TP = triton.next_power_of_2(T)

@@ -351,3 +351,15 @@ def test_8bit_checkpoint_launch_rules():
         assert (c.block_v, c.num_warps, c.flush_block_v, c.flush_programs, c.flush_output) == (64, 1, 32, 8, False)
     c = default_config(256, 128, 128, torch.bfloat16, False)
     assert (c.block_v, c.flush_block_v, c.flush_programs) == (32, 128, 2)
+
+
+def test_verify_launch_rule():
+    """The verify step runs Gated DeltaNet from batch 32 on one warp; KDA, small batches and wide key
+    tiles keep the 4 (8) warps of the one-launch decode tile."""
+    from replayssm.kernels.delta.config import default_verify_config
+
+    assert default_verify_config(128, 64, False).num_warps == 1
+    assert default_verify_config(128, 64, True).num_warps == 4
+    assert default_verify_config(128, 16, False).num_warps == 4
+    assert default_verify_config(256, 64, False).num_warps == 8
+    assert default_verify_config(128).block_v == 32
