@@ -48,3 +48,21 @@ def test_layer_rollback_matches_reference_and_gather(per_row, C, K, dtype):
         c = int(before[b] - (n[b] if n.dim() else n))
         assert int(cursor[b]) == c == int(committed[b])
         assert torch.equal(state[b], hist[b, :, c:c + K])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("Bt", [1, 64])
+def test_layer_rollback_on_gpu_at_real_sizes(Bt):
+    """Nemotron-3-Nano's conv (9728 channels, K = 4), L = 16, bf16 history: the launch equals the
+    reference bit for bit, per-row counts up to each row's cursor."""
+    C, K, L = 9728, 4, 16
+    cursor, hist, state, committed = (t.cuda() for t in _layer(max(Bt, 2), C, K, L, torch.bfloat16, seed=Bt))
+    g = torch.Generator().manual_seed(Bt)
+    n = torch.minimum(torch.randint(0, L + 1, cursor.shape, generator=g, dtype=torch.int32).cuda(),
+                      cursor.clamp(min=0))
+    ref = [t.clone() for t in (cursor, hist, state, committed)]
+    layer_rollback_reference(ref[0], n, *ref[1:])
+    layer_rollback_triton(cursor, n, hist, state, committed)
+    torch.cuda.synchronize()
+    assert torch.equal(cursor, ref[0]) and torch.equal(committed, ref[3]) and torch.equal(state, ref[2])
