@@ -145,6 +145,7 @@ class GraphSlot:
     failed: str | None = None
     last_used: int = 0
     inputs: StepInputs = field(default_factory=StepInputs)
+    window_inputs: dict = field(default_factory=dict)  # T -> StepInputs(T) (assisted slots)
     share_output: bool = False  # this call's loop copies the logits before the next step (greedy / sampling)
     ahead: "LaunchAhead | None" = None  # this call's early launch of the next step, where it may run
     launched_ahead: int = 0
@@ -380,6 +381,8 @@ class GraphDecoder:
         slot.cache.reset()
         slot.step = 0
         slot.inputs.new_call()
+        for inputs in slot.window_inputs.values():
+            inputs.new_call()
         slot.share_output = config.get_generation_mode() in _COPYING_MODES
         # the early launch leaves one step too many in the cache when EOS ends the loop: only where
         # the cache stays in the pool (a returned one must hold exactly the generated tokens)
@@ -439,10 +442,12 @@ class GraphDecoder:
     # ------------------------------------------------------------ inputs, forward
     def prepare_inputs(self, input_ids, *args, **kwargs):
         slot = self.current
-        if (slot is None or slot.assisted or args or kwargs.get("next_sequence_length") != 1
-                or compat.find_cache(kwargs) is not slot.cache):
+        T = kwargs.get("next_sequence_length")
+        if (slot is None or args or type(T) is not int or T < 1 or (T > 1 and not slot.assisted)
+                or kwargs.get("is_first_iteration") or compat.find_cache(kwargs) is not slot.cache):
             return self._original_prepare(input_ids, *args, **kwargs)
-        return slot.inputs.prepare(lambda: self._original_prepare(input_ids, **kwargs), input_ids, kwargs)
+        inputs = slot.window_inputs.setdefault(T, StepInputs(T)) if slot.assisted else slot.inputs
+        return inputs.prepare(lambda: self._original_prepare(input_ids, **kwargs), input_ids, kwargs)
 
     def forward(self, *args, **kwargs):
         slot = self.current

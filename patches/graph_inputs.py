@@ -9,6 +9,10 @@ builds a step's inputs from the first decode step's: the new token, the next pos
 is trusted only after it reproduced transformers' own inputs exactly (keys, values, shapes, dtypes,
 strides) on a step, and again for every call whose inputs have another structure; otherwise the
 pooled slot keeps transformers' preparation.
+
+An assisted slot's verify windows of T tokens get the same, one ``StepInputs(T)`` per window
+length: the last T tokens and positions, and the padding mask written into T rows, row t seeing the
+positions up to the window's t-th token (the causal edge over the window's own columns).
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ import torch
 
 
 class StepInputs:
-    """Decode-step inputs of one pooled slot (see the module notes)."""
+    """Decode-step inputs of one pooled slot, or its verify windows of ``T`` tokens (module notes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, T: int = 1) -> None:
+        self.T = T
+        self._causal: torch.Tensor | None = None  # (T, T) lower triangle, on the mask's device
         self.trusted: bool | None = None  # None until checked against transformers once
         self.checked_form: tuple | None = None  # the structure of the call the check passed on
         self.template: dict[str, Any] | None = None
@@ -40,7 +46,7 @@ class StepInputs:
             self.template = original()
             if self.trusted and _form(self.template, kwargs) != self.checked_form:
                 self.trusted = None  # a call of another structure (other inputs): check it again
-            return self.template
+            return dict(self.template)  # (assisted generation sets logits_to_keep in what it gets)
         lean = self._build(input_ids, kwargs)
         if self.trusted and lean is not None:
             return lean
@@ -58,31 +64,39 @@ class StepInputs:
         mask = self._mask(self.template.get("attention_mask"), mask2d)
         if mask is None:
             return None
+        T = self.T
+        if input_ids.shape[1] < T:
+            return None
         lean = dict(self.template)
-        lean["input_ids"] = input_ids[:, -1:].clone(memory_format=torch.contiguous_format)
+        lean["input_ids"] = input_ids[:, -T:].clone(memory_format=torch.contiguous_format)
         lean["attention_mask"] = mask
         if "position_ids" in lean:
             positions = kwargs.get("position_ids")
             if not isinstance(positions, torch.Tensor):
                 return None
-            lean["position_ids"] = positions[..., -1:].clone(memory_format=torch.contiguous_format)
+            lean["position_ids"] = positions[..., -T:].clone(memory_format=torch.contiguous_format)
         return lean
 
     def _mask(self, like, mask2d: torch.Tensor):
-        """The step's 4-D mask in the form of the template's ``like`` (a (B, 1, 1, capacity) bool tensor,
+        """The step's 4-D mask in the form of the template's ``like`` (a (B, 1, T, capacity) bool tensor,
         or a dict of them and None per attention type), or None where it has another form."""
         if isinstance(like, dict):
             out = {key: None if value is None else self._mask(value, mask2d) for key, value in like.items()}
             return None if any(out[k] is None and like[k] is not None for k in like) else out
+        T, n = self.T, mask2d.shape[1]
         if not (isinstance(like, torch.Tensor) and like.dtype == torch.bool and like.dim() == 4
-                and like.shape[1] == like.shape[2] == 1 and mask2d.shape[1] <= like.shape[3]):
+                and like.shape[1] == 1 and like.shape[2] == T and T <= n <= like.shape[3]):
             return None
         if self.mask is None or self.mask.shape != like.shape or self.mask.device != like.device:
             self.mask, self._stale_mask = torch.zeros_like(like), False
         if self._stale_mask:  # positions a previous call reached
             self.mask.zero_()
             self._stale_mask = False
-        self.mask[:, 0, 0, : mask2d.shape[1]].copy_(mask2d)
+        self.mask[:, 0, :, :n].copy_(mask2d[:, None, :].expand(mask2d.shape[0], T, n))
+        if T > 1:  # window token t sees the window's tokens up to itself
+            if self._causal is None or self._causal.device != like.device:
+                self._causal = torch.ones(T, T, dtype=torch.bool).tril().to(like.device)
+            self.mask[:, 0, :, n - T:n] &= self._causal
         return self.mask
 
 

@@ -161,6 +161,38 @@ def test_assisted_generation_replays_its_windows(family, cpu_graphs, caplog):
         replayssm.unpatch(model)
 
 
+@pytest.mark.parametrize("family", ["nemotron_h", "qwen3_5"])
+def test_assisted_windows_skip_transformers_input_preparation(family, cpu_graphs):
+    """A window's inputs (its T tokens and positions, the padding mask in T causal rows) are built
+    from the call's first window of that length once they reproduced transformers' own: later
+    rounds prepare nothing, and the tokens stay the plain greedy ones."""
+    model = tiny(family)
+    if compat.assisted_generation_gap(model) or compat.refuses_assisted_on_static_caches():
+        pytest.skip("this transformers runs no assisted generation on a static cache for this model")
+    ids = torch.randint(3, 512, (1, 9), generator=torch.Generator().manual_seed(4))
+    kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0, max_new_tokens=40,
+              min_new_tokens=40)
+    try:
+        replayssm.patch(model, buffer_len=8, cuda_graphs=True)
+        ref = model.generate(ids, **kw)
+        decoder = graph_decode.GraphDecoder.of(model)
+        real, prepared = decoder._original_prepare, []
+        decoder._original_prepare = lambda *a, **k: prepared.append(k.get("next_sequence_length")) or real(*a, **k)
+        for _ in range(2):
+            prepared.clear()
+            drafter = ScriptedDrafter(model, ref, 4, seed=5, min_draft=4)  # windows of 5 (4 drafts + 1)
+            with_drafter(model, drafter)
+            out = model.generate(ids, prompt_lookup_num_tokens=4, **kw)
+            without_drafter(model)
+            assert torch.equal(out, ref), drafter.log
+        (slot,) = [s for s in decoder.slots if s.assisted]
+        assert slot.window_inputs[5].trusted is True
+        # the second call: the prefill, then the first window of 5 (its template); the rest are built
+        assert prepared[:2] == [None, 5] and prepared.count(5) == 1 and len(drafter.log) > 4, prepared
+    finally:
+        replayssm.unpatch(model)
+
+
 def test_a_crop_settles_the_cache_and_a_window_unsettles_it():
     """What a window graph's replay waits for: every ReplaySSM layer with all its entries committed
     (after a crop), which a window forward (or a replay, ``unsettle``) ends."""
