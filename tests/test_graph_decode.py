@@ -122,6 +122,13 @@ def test_graph_decode_equals_eager_patched(family, cpu_graphs):
     assert not {"forward", "generate", "prepare_inputs_for_generation"} & model.__dict__.keys()
 
 
+def _prompt_and_greedy_kwargs(seed: int):
+    """A 9-token prompt and the keywords of a 40-token greedy ``generate()``."""
+    ids = torch.randint(3, 512, (1, 9), generator=torch.Generator().manual_seed(seed))
+    return ids, dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0, max_new_tokens=40,
+                     min_new_tokens=40)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_assisted_generation_replays_its_windows(family, cpu_graphs, caplog):
     """Scripted drafts of 0..4 tokens (rounds of one plain step included): token for token the plain
@@ -130,9 +137,7 @@ def test_assisted_generation_replays_its_windows(family, cpu_graphs, caplog):
     model = tiny(family)
     if compat.assisted_generation_gap(model):
         pytest.skip(compat.assisted_generation_gap(model))
-    ids = torch.randint(3, 512, (1, 9), generator=torch.Generator().manual_seed(8))
-    kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0, max_new_tokens=40,
-              min_new_tokens=40)
+    ids, kw = _prompt_and_greedy_kwargs(seed=8)
     try:
         replayssm.patch(model, buffer_len=8, cuda_graphs=True)
         ref = model.generate(ids, **kw)
@@ -169,9 +174,7 @@ def test_assisted_windows_skip_transformers_input_preparation(family, cpu_graphs
     model = tiny(family)
     if compat.assisted_generation_gap(model) or compat.refuses_assisted_on_static_caches():
         pytest.skip("this transformers runs no assisted generation on a static cache for this model")
-    ids = torch.randint(3, 512, (1, 9), generator=torch.Generator().manual_seed(4))
-    kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0, max_new_tokens=40,
-              min_new_tokens=40)
+    ids, kw = _prompt_and_greedy_kwargs(seed=4)
     try:
         replayssm.patch(model, buffer_len=8, cuda_graphs=True)
         ref = model.generate(ids, **kw)
@@ -193,19 +196,26 @@ def test_assisted_windows_skip_transformers_input_preparation(family, cpu_graphs
         replayssm.unpatch(model)
 
 
+def _recording_prefill(model, ids):
+    """A cache recording its past (as assisted generation makes it) after a prefill of ``ids``'s
+    first 9 tokens; returns (cache, the model's cache keyword)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    cache.activate_past_recording()
+    key = compat.generate_cache_kwarg(model)
+    model(input_ids=ids[:, :9], **{key: cache})
+    return cache, key
+
+
 def test_a_crop_settles_the_cache_and_a_window_unsettles_it():
     """What a window graph's replay waits for: every ReplaySSM layer with all its entries committed
     (after a crop), which a window forward (or a replay, ``unsettle``) ends."""
     model = tiny("qwen3_5")
     replayssm.patch(model, buffer_len=8, cuda_graphs=True)
     try:
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=model.config)
-        cache.activate_past_recording()
-        key = compat.generate_cache_kwarg(model)
         ids = torch.randint(3, 512, (1, 12), generator=torch.Generator().manual_seed(9))
-        model(input_ids=ids[:, :9], **{key: cache})
+        cache, key = _recording_prefill(model, ids)
         assert not speculative.settled(cache)  # the prefill's window entries are drafts until a crop
         cache.crop(-2)
         assert speculative.settled(cache)
@@ -227,13 +237,8 @@ def test_a_crop_within_the_last_window_reads_no_device_value(monkeypatch):
     model = tiny("qwen3_5")
     replayssm.patch(model, buffer_len=8)
     try:
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=model.config)
-        cache.activate_past_recording()
-        key = compat.generate_cache_kwarg(model)
         ids = torch.randint(3, 512, (1, 16), generator=torch.Generator().manual_seed(9))
-        model(input_ids=ids[:, :9], **{key: cache})
+        cache, key = _recording_prefill(model, ids)
         cache.crop(-2)
         model(input_ids=ids[:, 9:14], **{key: cache})
         reads = []
