@@ -89,13 +89,10 @@ def default_config(Bt: int, H: int, P: int, N: int, G: int, L: int, state_bytes:
     hc = max(1, min(HPG if HPG < 16 else 8, (Bt * G * n_pb * HPG) // (8 * n_sm)))
     # 64-column flush tiles, halved for windows over 16 slots (registers)
     block_nf = max(16, min(block_n, 64 * 16 // max(16, pow2(L))))
-    # int8 / fp8 (scaled) checkpoint: the flush tile spans N (its absmax scale is over N)
-    scaled = state_bytes == 1
-    if scaled:
-        block_nf = block_n
-    # 2 warps (1 with 16-bit flush operands, which 8-bit checkpoints use too: an fp32 flush tile
-    # spills there): reductions stay in a warp
-    warps = 1 if lowp or (scaled and act_bytes == 2) else 2
+    # 2 warps (1 with 16-bit flush operands, which 8-bit checkpoints use too, with flush tiles over
+    # the whole state dim, ``launch.quant_config``: an fp32 flush tile spills there): reductions stay
+    # in a warp
+    warps = 1 if lowp or (state_bytes == 1 and act_bytes == 2) else 2
     # compiled-in layout, except 16-bit checkpoint and activations above batch 8 (runtime layout faster)
     specialize = not lowp or Bt <= 8
     # rank-1 fp32 flush up to batch 4 with an fp32 checkpoint and L <= 16 (fits one warp, no spills)

@@ -423,9 +423,9 @@ def test_8bit_checkpoint_launch_rules():
     import torch
 
     from replayssm.kernels.mamba2.config import default_config
-    from replayssm.kernels.mamba2.launch import uses_lowp_dot
+    from replayssm.kernels.mamba2.launch import quant_config, uses_lowp_dot
 
-    c = default_config(256, 128, 64, 128, 8, 16, 1, 2, 132)
+    c = quant_config(default_config(256, 128, 64, 128, 8, 16, 1, 2, 132), 128, True, False)
     assert (c.flush_block_n, c.num_warps, c.heads_per_program) == (128, 1, 8)
     assert default_config(256, 128, 64, 128, 8, 16, 1, 4, 132).num_warps == 2  # fp32 rings: fp32 flush tile
     for state, ring, lowp in ((torch.int8, torch.bfloat16, True), (torch.float8_e4m3fn, torch.float16, True),
