@@ -163,31 +163,35 @@ def rollback_layer(layer, n) -> None:
             t[COMMITTED].copy_(cursor.clamp(min=0))
             buffers.extra[SETTLED] = True
         return
-    count = n
-    n = torch.as_tensor(n, device=cursor.device).to(torch.int32).expand(cursor.shape)
+
+    def counts() -> torch.Tensor:  # (Bt,) int32, for the checks (for an int: a host-to-device copy)
+        return torch.as_tensor(n, device=cursor.device).to(torch.int32).expand(cursor.shape)
+
     if HIST not in t:
-        if bool((n != 0).any()):
+        if isinstance(n, int) or bool((counts() != 0).any()):
             raise RollbackError(
-                f"expected a cache recording its past (rollback mode) to roll back {n.max().item()} token(s); found "
-                "one that is not: its conv inputs were not kept",
+                f"expected a cache recording its past (rollback mode) to roll back {int(counts().max())} token(s); "
+                "found one that is not: its conv inputs were not kept",
                 hint="call cache.activate_past_recording() before the prefill (assisted generation does)")
         return
     safe = buffers.extra.get(ROLLBACK_SAFE, 0)
-    within = isinstance(count, int) and 0 < count <= safe  # the last window's tokens: valid, no host sync
-    bad = None if within else (n < 0) | ((cursor >= 0) & (n > cursor))
-    if bad is not None and bool(bad.any()):
-        row = int(bad.nonzero()[0])
-        message = (f"cannot roll back row {row} by {int(n[row])} token(s): expected at most the {int(cursor[row])} "
-                   f"still in its ReplaySSM ring (ring of {ring_len(buffers)}); the others were folded into the "
-                   "checkpoint")
-        buffers.extra[REFUSED] = message
-        raise RollbackError(message, hint="patch with a larger buffer_len, or verify / draft fewer tokens between "
-                                          "rollbacks; the cache is unusable until reset")
+    within = isinstance(n, int) and 0 < n <= safe  # the last window's tokens: valid, no host sync
+    if not within:
+        n = counts()
+        bad = (n < 0) | ((cursor >= 0) & (n > cursor))
+        if bool(bad.any()):
+            row = int(bad.nonzero()[0])
+            message = (f"cannot roll back row {row} by {int(n[row])} token(s): expected at most the "
+                       f"{int(cursor[row])} still in its ReplaySSM ring (ring of {ring_len(buffers)}); the others "
+                       "were folded into the checkpoint")
+            buffers.extra[REFUSED] = message
+            raise RollbackError(message, hint="patch with a larger buffer_len, or verify / draft fewer tokens "
+                                              "between rollbacks; the cache is unusable until reset")
     owner = buffers._owner() if buffers._owner is not None else None
     layer_rollback(cursor, n, t[HIST], compat.conv_state(layer), t[COMMITTED],
                    backend=owner.replay_options.backend if owner is not None else "auto")
     buffers.extra[SETTLED] = True
-    buffers.extra[ROLLBACK_SAFE] = safe - count if within else 0
+    buffers.extra[ROLLBACK_SAFE] = safe - n if within else 0
 
 
 def check_not_refused(layer) -> None:

@@ -25,16 +25,16 @@ def _layer(Bt, C, K, L, dtype, seed):
     return [t.to(DEV) for t in (cursor, hist, state, committed)]
 
 
-@pytest.mark.parametrize("per_row", [False, True])
+@pytest.mark.parametrize("per_row", [False, True, "int"])
 @pytest.mark.parametrize("C,K,dtype", [(40, 4, torch.float32), (1100, 4, torch.bfloat16), (24, 3, torch.float32)])
 def test_layer_rollback_matches_reference_and_gather(per_row, C, K, dtype):
     Bt, L = 5, 8
     cursor, hist, state, committed = _layer(Bt, C, K, L, dtype, seed=C + K)
-    if per_row:
+    if per_row is True:
         n = (torch.arange(Bt, dtype=torch.int32, device=DEV) % 3).minimum(cursor.clamp(min=0))
-    else:
+    else:  # one count for every row: a scalar tensor, or an int (a crop's, passed as a kernel argument)
         cursor[cursor >= 0] = cursor[cursor >= 0].clamp(min=2)
-        n = torch.tensor(2, dtype=torch.int32, device=DEV)
+        n = 2 if per_row == "int" else torch.tensor(2, dtype=torch.int32, device=DEV)
     ref = [t.clone() for t in (cursor, hist, state, committed)]
     layer_rollback_reference(ref[0], n, *ref[1:])
     before = cursor.clone()
@@ -45,7 +45,7 @@ def test_layer_rollback_matches_reference_and_gather(per_row, C, K, dtype):
         if before[b] < 0:
             assert cursor[b] == -1 and committed[b] == 0 and (state[b] == 7.0).all()
             continue
-        c = int(before[b] - (n[b] if n.dim() else n))
+        c = int(before[b]) - int(n[b] if isinstance(n, torch.Tensor) and n.dim() else n)
         assert int(cursor[b]) == c == int(committed[b])
         assert torch.equal(state[b], hist[b, :, c:c + K])
 
