@@ -15,6 +15,7 @@ import torch
 import replayssm
 from replayssm.errors import RollbackError
 from replayssm.patches import compat, graph_decode, speculative
+from replayssm.patches.cache_state import get_buffers
 
 from helpers import generate, left_padded_batch, max_logit_diff, tiny
 from speculative_helpers import ScriptedDrafter, with_drafter, without_drafter
@@ -206,6 +207,30 @@ def _recording_prefill(model, ids):
     key = compat.generate_cache_kwarg(model)
     model(input_ids=ids[:, :9], **{key: cache})
     return cache, key
+
+
+def test_a_rollback_on_a_cache_not_recording_its_past_is_refused():
+    """Without the conv history (a plain cache) nothing can move back: an int or per-row count is
+    refused, a zero count is a no-op."""
+    from transformers import DynamicCache
+
+    model = tiny("qwen3_5")
+    replayssm.patch(model, buffer_len=8)
+    try:
+        cache = DynamicCache(config=model.config)
+        ids = torch.randint(3, 512, (1, 10), generator=torch.Generator().manual_seed(2))
+        key = compat.generate_cache_kwarg(model)
+        model(input_ids=ids[:, :9], **{key: cache})
+        model(input_ids=ids[:, 9:], **{key: cache})
+        layer = next(layer for layer in cache.layers if get_buffers(layer) is not None)
+        cursor = get_buffers(layer).cursor.clone()
+        for n in (2, torch.tensor([1])):
+            with pytest.raises(RollbackError, match="expected a cache recording its past"):
+                speculative.rollback_layer(layer, n)
+        speculative.rollback_layer(layer, torch.tensor([0]))
+        assert torch.equal(get_buffers(layer).cursor, cursor)
+    finally:
+        replayssm.unpatch(model)
 
 
 def test_a_crop_settles_the_cache_and_a_window_unsettles_it():
