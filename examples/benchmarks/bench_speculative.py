@@ -92,7 +92,7 @@ class ForwardClock:
     """Context: times every forward of ``model`` (synchronised before and after)."""
 
     def __init__(self, model):
-        self.model, self.seconds, self.calls = model, 0.0, 0
+        self.model, self.seconds = model, 0.0
 
     def __enter__(self):
         self.saved = self.model.__dict__.get("forward")
@@ -105,7 +105,6 @@ class ForwardClock:
             out = inner(*args, **kwargs)
             _sync()
             self.seconds += time.perf_counter() - start
-            self.calls += 1
             return out
 
         self.model.forward = clocked
