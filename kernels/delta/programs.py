@@ -21,6 +21,7 @@ import triton.language as tl
 
 from ..cursor import advanced_cursor
 from ..persistent import flush_row_prefix, nth_flush_row
+from ..split_dot import bf16_parts
 from .gates import append_gate_sum, gdn_decay_window, previous_gate_sum
 from .tiles import column_scale, head_block, store_state_tile
 
@@ -339,15 +340,6 @@ def output_kernel(t, sc, io, lay, NV: tl.constexpr, KDA: tl.constexpr, BK: tl.co
 
 
 @triton.jit
-def bf16_split3(x):
-    """fp32 x as hi + mid + lo in bf16 (24 significant bits together: exact to fp32 rounding)."""
-    hi = x.to(tl.bfloat16)
-    rest = x - hi.to(tl.float32)
-    mid = rest.to(tl.bfloat16)
-    return hi, mid, (rest - mid.to(tl.float32)).to(tl.bfloat16)
-
-
-@triton.jit
 def _state_tile(s_base, offs_k, mk, offs_v, v_end, lay):
     """Checkpoint tile (BK, BV) at key rows ``offs_k`` and value columns ``offs_v < v_end``."""
     return tl.load(s_base + offs_k[:, None] * lay.s_k + offs_v[None, :] * lay.s_v,
@@ -433,7 +425,7 @@ def flush_kernel(t, sc, io, lay, row0, n_rows, NV, KDA: tl.constexpr, BK: tl.con
                 kw = kw.to(tl.float32) * tl.exp(gt[:, None] - gm)
                 dk = tl.exp(gt)
                 if BF16_SPLIT:
-                    k_hi, k_mid, k_lo = bf16_split3(kw)
+                    k_hi, k_mid, k_lo = bf16_parts(kw)
             if PREFETCH:  # the first column block's checkpoint tile, then each next one a block ahead
                 s_next = _state_tile(s_base, offs_k, mk, i_v0 * BV + tl.arange(0, BV), v_end, lay)
             for j in range(n_cols):
@@ -467,7 +459,7 @@ def flush_kernel(t, sc, io, lay, row0, n_rows, NV, KDA: tl.constexpr, BK: tl.con
                     acc = s0 * dsc
                     ub = ub.to(tl.float32) * wl[:, None]
                     if BF16_SPLIT:
-                        u_hi, u_mid, u_lo = bf16_split3(ub)
+                        u_hi, u_mid, u_lo = bf16_parts(ub)
                         acc = tl.dot(kw, u_hi, acc)
                         acc = tl.dot(kw, u_mid, acc)
                         acc = tl.dot(kw, u_lo, acc)

@@ -64,7 +64,9 @@ def _check(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, out):
 def dot_precision(requested: str | None) -> str:
     """Input precision of a ``tl.dot`` on fp32 operands: ``requested``, else ``tf32x3`` (``ieee``
     under the interpreter, which has no tf32)."""
-    return requested or ("ieee" if triton_interpreter_on() else "tf32x3")
+    if triton_interpreter_on() and (requested is None or requested.startswith("bf16")):
+        return "ieee"  # (its bf16 tl.dot is not exact)
+    return requested or "tf32x3"
 
 
 def uses_lowp_dot(state_dtype: torch.dtype, x_buf_dtype: torch.dtype, B_buf_dtype: torch.dtype) -> bool:

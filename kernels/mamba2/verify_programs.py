@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from ..cursor import count_arrival, cursor_of_word
+from ..split_dot import dot_f32 as _dot
 from .heads import head_constants, process_dt
 
 #: the tensors of a verify launch (optional ones replaced by ``x``, with zero strides; ``arrivals``
@@ -53,15 +54,6 @@ Layout = namedtuple("Layout", "P N L G H HPG HC n_hc n_pb s_b s_h s_p s_n xb_b x
 #: otherwise on fp32 operands at DOT_PREC. BLOCK_T: T rounded up to a power of two, at least 8
 Flags = namedtuple("Flags", "HAS_DT_BIAS HAS_D HAS_Z DT_SOFTPLUS ZERO_IDLE ON_CURSOR LOWP_S0C LOWP_BC DOT_PREC "
                             "BLOCK_P BLOCK_N BLOCK_L BLOCK_T BLOCK_G BLOCK_H")
-
-
-@triton.jit
-def _dot(a, b, LOWP: tl.constexpr, PREC: tl.constexpr):
-    """``a @ b`` in fp32: on the operands as they are (LOWP: both 16-bit, one dtype), else on fp32."""
-    if LOWP:
-        return tl.dot(a, b, out_dtype=tl.float32)
-    else:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PREC, out_dtype=tl.float32)
 
 
 @triton.jit
@@ -163,7 +155,8 @@ def _fold_tile(s0, br, b, h, nn, offs_p, mask_p, a_h, ring_l, xr, dtr, t, lay, k
     pc = tl.sum(dtr, 0)
     w = dtr * tl.exp(tl.minimum(a_h * (pc - tl.cumsum(dtr, 0)), 0.0))
     wb = tl.where(ring_l[None, :], br.to(tl.float32) * w[None, :], 0.0)
-    s_new = tl.exp(tl.minimum(a_h * pc, 0.0)) * s0.to(tl.float32) + _dot(wb, xr, False, k.DOT_PREC)
+    xq = xr.to(t.x_buf.dtype.element_ty)  # the ring's values: exact
+    s_new = tl.exp(tl.minimum(a_h * pc, 0.0)) * s0.to(tl.float32) + _dot(wb, xq, False, k.DOT_PREC)
     sq = s_new.to(t.state.dtype.element_ty)
     tl.store(t.state + b * lay.s_b + h * lay.s_h + nn[:, None] * lay.s_n + offs_p[None, :] * lay.s_p, sq,
              mask=(nn < lay.N)[:, None] & mask_p[None, :])
@@ -193,6 +186,7 @@ def _head_outputs(b, h, s, flush, pb, s0c, bc, xr, dtr, wl, dtb, dco, a_h, offs_
     xinb = xin.to(t.x_buf.dtype.element_ty)
     xw = tl.where(hist_l[:, None], xr, xinb.to(tl.float32))
     xw = tl.where(win_l[:, None] & _non_finite(xw), 0.0, xw)
+    xw = xw.to(t.x_buf.dtype.element_ty)  # ring entries and rounded inputs: exact
     y = tl.exp(tl.minimum(a_h * p_t, 0.0))[:, None] * s0c + _dot(m, xw, False, k.DOT_PREC)
     xt = xt.to(tl.float32)
     y = tl.where(tl.cumsum(_non_finite(xt).to(tl.int32), 0) > 0, float("nan"), y)  # a non-finite x at a token <= t

@@ -1,0 +1,59 @@
+"""``tl.dot`` in fp32 where an operand is fp32 and the other 16-bit: split the fp32 one into bf16 parts.
+
+With a bf16 partner (activations, rings), ``hi + mid (+ lo)`` bf16 parts of the fp32 operand make 2 or 3
+bf16 tensor-core products, each exact, summed in fp32: 16 or 24 significant bits of the fp32 operand,
+where ``tf32x3`` takes three tf32 products (about 21 bits), each at half the bf16 rate.
+"""
+
+import triton
+import triton.language as tl
+
+__all__ = ["SPLIT_PRECISIONS", "bf16_parts", "dot_f32", "dot_split"]
+
+#: the ``dot_precision`` names of the split products
+SPLIT_PRECISIONS = ("bf16x2", "bf16x3")
+
+
+@triton.jit
+def bf16_parts(v):
+    """fp32 ``v`` as ``hi + mid + lo`` in bf16 (24 significant bits together: v to fp32 rounding, up
+    to underflow of the smallest part)."""
+    hi = v.to(tl.bfloat16)
+    r = v - hi.to(tl.float32)  # exact
+    mid = r.to(tl.bfloat16)
+    return hi, mid, (r - mid.to(tl.float32)).to(tl.bfloat16)
+
+
+@triton.jit
+def dot_split(a, b, PREC: tl.constexpr):
+    """``a @ b`` in fp32 for one bf16 operand and one fp32 one, the fp32 operand split into bf16 parts:
+    every partial product is exact on the bf16 tensor cores (fp32 sums); ``bf16x2``: hi + mid (16 bits
+    of the fp32 operand), ``bf16x3``: all three parts."""
+    if a.dtype == tl.bfloat16:
+        hi, mid, lo = bf16_parts(b.to(tl.float32))
+        acc = tl.dot(a, hi, out_dtype=tl.float32)
+        acc = tl.dot(a, mid, acc, out_dtype=tl.float32)
+        if PREC == "bf16x3":
+            acc = tl.dot(a, lo, acc, out_dtype=tl.float32)
+    else:
+        hi, mid, lo = bf16_parts(a.to(tl.float32))
+        acc = tl.dot(hi, b, out_dtype=tl.float32)
+        acc = tl.dot(mid, b, acc, out_dtype=tl.float32)
+        if PREC == "bf16x3":
+            acc = tl.dot(lo, b, acc, out_dtype=tl.float32)
+    return acc
+
+
+@triton.jit
+def dot_f32(a, b, LOWP: tl.constexpr, PREC: tl.constexpr):
+    """``a @ b`` in fp32: on the operands as they are (LOWP: both 16-bit, one dtype); with PREC
+    ``bf16x2`` / ``bf16x3`` and one bf16 operand, the other split (``dot_split``); else on fp32
+    operands at PREC (``tf32x3`` for a split PREC)."""
+    if LOWP:
+        return tl.dot(a, b, out_dtype=tl.float32)
+    elif (PREC == "bf16x2" or PREC == "bf16x3") and (a.dtype == tl.bfloat16 or b.dtype == tl.bfloat16):
+        return dot_split(a, b, PREC)
+    elif PREC == "bf16x2" or PREC == "bf16x3":
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32x3", out_dtype=tl.float32)
+    else:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PREC, out_dtype=tl.float32)
