@@ -51,6 +51,8 @@ def dot_f32(a, b, LOWP: tl.constexpr, PREC: tl.constexpr):
     operands at PREC (``tf32x3`` for a split PREC)."""
     if LOWP:
         return tl.dot(a, b, out_dtype=tl.float32)
+    elif (PREC == "bf16x2" or PREC == "bf16x3") and a.dtype == b.dtype and a.dtype == tl.bfloat16:
+        return tl.dot(a, b, out_dtype=tl.float32)  # exact products already
     elif (PREC == "bf16x2" or PREC == "bf16x3") and (a.dtype == tl.bfloat16 or b.dtype == tl.bfloat16):
         return dot_split(a, b, PREC)
     elif PREC == "bf16x2" or PREC == "bf16x3":

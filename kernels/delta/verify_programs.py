@@ -10,15 +10,23 @@ decay ``G_base = G_{cc-1}``, and forms the state after them in fp32 with one mat
 
 A flush-first row (``c + T > L``) stores S as its new checkpoint, rounded once, and runs its
 window from the rounded S at slot 0; any other row runs it from S at slot c (S is the state
-``A`` of the output-only route, never written). The window's T tokens are then a recurrence on
-that tile in registers, as T single steps would run:
+``A`` of the output-only route, never written). The window's T tokens then follow, as T single
+steps would run,
 
     S <- exp(g_t) S ;  r = S^T k_t ;  u_t = beta_t (v_t - r) ;
     o_t = S^T q_t + (k_t . q_t) u_t ;  S <- S + k~_t u~_t^T
 
 with ``k~_t``, ``u~_t`` the ring copies (rounded to the ring dtypes), which is what later tokens
-read in the reference; a token never reads a later one, so rejected (even non-finite) tokens
-cannot reach an earlier output. The checkpoint tile is read once for all T outputs.
+read in the reference. KDA (a decay per key channel) runs exactly that on the tile in registers.
+Gated DeltaNet (one decay per head, running sums ``G_t`` over the window) takes the closed form
+
+    r_t = exp(G_t) (k_t^T S) + sum_{j<t} exp(G_t - G_j) (k_t . k~_j) u~_j
+    o_t = exp(G_t) (q_t^T S) + sum_{j<t} exp(G_t - G_j) (q_t . k~_j) u~_j + (k_t . q_t) u_t
+
+where S enters two matrix products (``K S`` and ``Q S`` over the window's rows) and the tokens'
+sequence runs on (T, BV) tiles only. Either way a token never reads a later one (the pairs
+``j < t`` are selected, not multiplied by 0), so rejected (even non-finite) tokens cannot reach
+an earlier output, and the checkpoint tile is read once for all T outputs.
 
 Appends: ``u_t`` by each program for its columns; the keys and gates of a non-flush row by one
 program per key head / value head (slots past the history: nobody reads them); those of a flush
@@ -35,6 +43,7 @@ import triton
 import triton.language as tl
 
 from ..cursor import count_arrival, cursor_of_word
+from ..split_dot import dot_f32
 from .gates import previous_gate_sum
 from .tiles import head_block
 
@@ -125,7 +134,7 @@ def _ring_state(s_ptrs, s_mask, kb_base, gb_base, ub_base, offs_k, mk, offs_v, m
     Kr = tl.load(kb_base + offs_k[:, None] * lay.kb_k + offs_l[None, :] * lay.kb_l, mask=mk[:, None] & ml[None, :],
                  other=0.0).to(tl.float32)  # (BK, LP) keys^T
     Ur = tl.load(ub_base + offs_l[:, None] * lay.u_l + offs_v[None, :] * lay.u_v, mask=ml[:, None] & mv[None, :],
-                 other=0.0).to(tl.float32)  # (LP, BV)
+                 other=0.0)  # (LP, BV), ring dtype
     if KDA:  # the gate ring holds the running sums G_j
         Gr = tl.load(gb_base + offs_k[:, None] * lay.gb_k + offs_l[None, :] * lay.gb_l,
                      mask=mk[:, None] & ml[None, :], other=0.0).to(tl.float32)
@@ -137,13 +146,79 @@ def _ring_state(s_ptrs, s_mask, kb_base, gb_base, ub_base, offs_k, mk, offs_v, m
         g_sum = tl.sum(gr, axis=0)
         KF = Kr * tl.where(ml, tl.exp(g_sum - tl.cumsum(gr, axis=0)), 0.0)[None, :]
         S0 = S0 * tl.exp(g_sum)
-    return tl.dot(KF, Ur, S0, input_precision=DOT_PREC)
+    return S0 + dot_f32(KF, Ur, False, DOT_PREC)
+
+
+@triton.jit
+def _row(x, sel):
+    """Row ``sel`` (a one-hot (TD,) mask) of a (TD, n) tile, as (n,)."""
+    return tl.sum(tl.where(sel[:, None], x, 0.0), axis=0)
+
+
+@triton.jit
+def _gdn_window(S, b, h, hk, c0, T, offs_k, mk_in, offs_v, mv_in, o_cols, active, ub_base, t, io, lay,
+                TD: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Gated DeltaNet's T window outputs and ring ``u`` from the state tile S (BK, BV) fp32 in closed
+    form (module notes): S enters two products, ``K S`` and ``Q S``, and is never advanced."""
+    offs_d = tl.arange(0, TD)
+    md = offs_d < T
+    m_dk = md[:, None] & mk_in[None, :]
+    kw = tl.load(t.k + b * io.k_b + hk * io.k_h + offs_d[:, None] * io.k_t + offs_k[None, :] * io.k_k, mask=m_dk,
+                 other=0.0)  # (TD, BK), input dtype
+    qw = tl.load(t.q + b * io.q_b + hk * io.q_h + offs_d[:, None] * io.q_t + offs_k[None, :] * io.q_k, mask=m_dk,
+                 other=0.0)
+    kr = kw.to(t.k_buf.dtype.element_ty)  # the ring's copies
+    ks = dot_f32(kw, S, False, DOT_PREC)  # (TD, BV): k_i^T S
+    qs = dot_f32(qw, S, False, DOT_PREC)
+    earlier = offs_d[None, :] < offs_d[:, None]  # (TD, TD): token j before token i
+    gs = window_gate_sums(b, h, T, offs_d, offs_k, mk_in, t, io, False)  # (TD,) G_i
+    dec = tl.exp(tl.minimum(gs[:, None] - gs[None, :], 0.0))
+    mkk = tl.where(earlier, dec * dot_f32(kw, tl.trans(kr), False, DOT_PREC), 0.0)  # exp(G_i - G_j) k_i . k~_j
+    mqk = tl.where(earlier, dec * dot_f32(qw, tl.trans(kr), False, DOT_PREC), 0.0)
+    kq = tl.sum(kw.to(tl.float32) * qw.to(tl.float32), axis=1)  # (TD,) k_i . q_i
+    eg = tl.exp(gs)
+    U = tl.zeros([TD, BV], dtype=tl.float32)  # the ring's u~_j, rows j < i
+    for i in range(T):
+        sel = offs_d == i
+        vv = tl.load(t.v + b * io.v_b + h * io.v_h + i * io.v_t + offs_v * io.v_v, mask=mv_in, other=0.0)
+        beta = tl.load(t.beta + b * io.beta_b + h * io.beta_h + i * io.beta_t, mask=active, other=0.0)
+        eg_i = tl.sum(tl.where(sel, eg, 0.0), axis=0)
+        r = eg_i * _row(ks, sel) + tl.sum(_row(mkk, sel)[:, None] * U, axis=0)
+        u = beta.to(tl.float32) * (vv.to(tl.float32) - r)
+        o = eg_i * _row(qs, sel) + tl.sum(_row(mqk, sel)[:, None] * U, axis=0) + tl.sum(tl.where(sel, kq, 0.0)) * u
+        u_ring = u.to(t.u_buf.dtype.element_ty)
+        tl.store(t.out + b * io.out_b + h * io.out_h + offs_v * io.out_v + i * io.out_t,
+                 tl.where(active, o, 0.0).to(t.out.dtype.element_ty), mask=o_cols)
+        tl.store(ub_base + (c0 + i) * lay.u_l + offs_v * lay.u_v, u_ring, mask=mv_in)
+        U = tl.where(sel[:, None], u_ring.to(tl.float32)[None, :], U)
+
+
+@triton.jit
+def _kda_window(S, b, h, hk, c0, T, offs_k, mk_in, offs_v, mv_in, o_cols, active, ub_base, t, io, lay):
+    """KDA's T window outputs and ring ``u`` from the state tile S (BK, BV) fp32, advanced token by
+    token (module notes; per-channel decays)."""
+    k_base = t.k + b * io.k_b + hk * io.k_h
+    q_base = t.q + b * io.q_b + hk * io.q_h
+    g_base = t.g + b * io.g_b + h * io.g_h
+    o_base = t.out + b * io.out_b + h * io.out_h + offs_v * io.out_v
+    for i in range(T):
+        kv = tl.load(k_base + i * io.k_t + offs_k * io.k_k, mask=mk_in, other=0.0).to(tl.float32)
+        qv = tl.load(q_base + i * io.q_t + offs_k * io.q_k, mask=mk_in, other=0.0).to(tl.float32)
+        vv = tl.load(t.v + b * io.v_b + h * io.v_h + i * io.v_t + offs_v * io.v_v, mask=mv_in, other=0.0)
+        beta = tl.load(t.beta + b * io.beta_b + h * io.beta_h + i * io.beta_t, mask=active, other=0.0)
+        S *= tl.exp(tl.load(g_base + i * io.g_t + offs_k * io.g_k, mask=mk_in, other=0.0).to(tl.float32))[:, None]
+        u = beta.to(tl.float32) * (vv.to(tl.float32) - tl.sum(S * kv[:, None], axis=0))
+        o = tl.sum(S * qv[:, None], axis=0) + tl.sum(kv * qv, axis=0) * u
+        u_ring = u.to(t.u_buf.dtype.element_ty)
+        tl.store(o_base + i * io.out_t, tl.where(active, o, 0.0).to(t.out.dtype.element_ty), mask=o_cols)
+        tl.store(ub_base + (c0 + i) * lay.u_l + offs_v * lay.u_v, u_ring, mask=mv_in)
+        S += kv.to(t.k_buf.dtype.element_ty).to(tl.float32)[:, None] * u_ring.to(tl.float32)[None, :]
 
 
 @triton.jit
 def verify_kernel(t, io, lay, NV, T, KDA: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   LP: tl.constexpr, TP: tl.constexpr, HC: tl.constexpr, HP: tl.constexpr, WRITE_IDLE: tl.constexpr,
-                  ARRIVE: tl.constexpr, DOT_PREC: tl.constexpr):
+                  ARRIVE: tl.constexpr, DOT_PREC: tl.constexpr, TD: tl.constexpr):
     """One verify step (module notes) of T tokens, NV column blocks per value head; TP >= T, HC, HP:
     the appends' tiles (``append_flush_row``). ARRIVE: every program arrives at its row's cursor word once the
     ring's keys and gates are read; the last one stores the next cursor and, at its end, a flush
@@ -189,29 +264,13 @@ def verify_kernel(t, io, lay, NV, T, KDA: tl.constexpr, BK: tl.constexpr, BV: tl
         if last:
             tl.store(cur_ptr, tl.where(active, c0 + T, c))
 
-    k_base = t.k + b * io.k_b + hk * io.k_h
-    q_base = t.q + b * io.q_b + hk * io.q_h
-    g_base = t.g + b * io.g_b + h * io.g_h
-    v_base = t.v + b * io.v_b + h * io.v_h
-    beta_base = t.beta + b * io.beta_b + h * io.beta_h
-    o_base = t.out + b * io.out_b + h * io.out_h + offs_v * io.out_v
     o_cols = mv if WRITE_IDLE else mv_in
     tl.debug_barrier()  # (flush rows) the fold's u reads are done before the window's u stores
-    for i in range(T):
-        kv = tl.load(k_base + i * io.k_t + offs_k * io.k_k, mask=mk_in, other=0.0).to(tl.float32)
-        qv = tl.load(q_base + i * io.q_t + offs_k * io.q_k, mask=mk_in, other=0.0).to(tl.float32)
-        vv = tl.load(v_base + i * io.v_t + offs_v * io.v_v, mask=mv_in, other=0.0).to(tl.float32)
-        beta = tl.load(beta_base + i * io.beta_t, mask=active, other=0.0).to(tl.float32)
-        if KDA:
-            S *= tl.exp(tl.load(g_base + i * io.g_t + offs_k * io.g_k, mask=mk_in, other=0.0).to(tl.float32))[:, None]
-        else:
-            S *= tl.exp(tl.load(g_base + i * io.g_t, mask=active, other=0.0).to(tl.float32))
-        u = beta * (vv - tl.sum(S * kv[:, None], axis=0))
-        o = tl.sum(S * qv[:, None], axis=0) + tl.sum(kv * qv, axis=0) * u
-        u_ring = u.to(t.u_buf.dtype.element_ty)
-        tl.store(o_base + i * io.out_t, tl.where(active, o, 0.0).to(t.out.dtype.element_ty), mask=o_cols)
-        tl.store(ub_base + (c0 + i) * lay.u_l + offs_v * lay.u_v, u_ring, mask=mv_in)
-        S += kv.to(t.k_buf.dtype.element_ty).to(tl.float32)[:, None] * u_ring.to(tl.float32)[None, :]
+    if KDA:
+        _kda_window(S, b, h, hk, c0, T, offs_k, mk_in, offs_v, mv_in, o_cols, active, ub_base, t, io, lay)
+    else:
+        _gdn_window(S, b, h, hk, c0, T, offs_k, mk_in, offs_v, mv_in, o_cols, active, ub_base, t, io, lay, TD, BV,
+                    DOT_PREC)
 
     if last & flush:  # every program of the row has read the slots these overwrite
         append_flush_row(b, T, t, io, lay, KDA, BK, TP, HC, HP)
