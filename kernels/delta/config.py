@@ -129,11 +129,14 @@ class VerifyConfig:
     block_v, num_warps: value columns and warps of a program (whose tile spans the key dim).
     arrive: the cursors move on inside the launch (arrivals on the cursor word, ``kernels/cursor.py``)
         instead of in a second, per-row launch; needs int32 cursors and L <= 127.
+    closed_form: Gated DeltaNet's window from two products with the state tile instead of advancing it
+        token by token (``verify_programs.py``; KDA always advances it).
     """
 
     block_v: int = 32
     num_warps: int = 4
     arrive: bool = True
+    closed_form: bool = True
 
     def __post_init__(self):
         for name in ("block_v", "num_warps"):

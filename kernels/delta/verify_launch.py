@@ -58,7 +58,7 @@ def launch_verify(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, *, 
     verify_kernel[(Bt * HV * NV,)](t, io, lay, NV, T, KDA=kda, BK=BK, BV=BV, LP=max(16, triton.next_power_of_2(L)),
                                    WRITE_IDLE=bool(write_idle), ARRIVE=arrive,
                                    DOT_PREC="ieee" if triton_interpreter_on() else "bf16x3", TD=max(16, TP),
-                                   num_warps=cfg.num_warps, **tiles)
+                                   CLOSED=cfg.closed_form, num_warps=cfg.num_warps, **tiles)
     if not arrive:
         commit_kernel[(Bt,)](t, io, lay, T, KDA=kda, BK=BK, num_warps=cfg.num_warps, **tiles)
     return out

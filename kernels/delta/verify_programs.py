@@ -194,9 +194,10 @@ def _gdn_window(S, b, h, hk, c0, T, offs_k, mk_in, offs_v, mv_in, o_cols, active
 
 
 @triton.jit
-def _kda_window(S, b, h, hk, c0, T, offs_k, mk_in, offs_v, mv_in, o_cols, active, ub_base, t, io, lay):
-    """KDA's T window outputs and ring ``u`` from the state tile S (BK, BV) fp32, advanced token by
-    token (module notes; per-channel decays)."""
+def _window_loop(S, b, h, hk, c0, T, offs_k, mk_in, offs_v, mv_in, o_cols, active, ub_base, t, io, lay,
+                 KDA: tl.constexpr):
+    """The T window outputs and ring ``u`` from the state tile S (BK, BV) fp32, advanced token by
+    token (module notes)."""
     k_base = t.k + b * io.k_b + hk * io.k_h
     q_base = t.q + b * io.q_b + hk * io.q_h
     g_base = t.g + b * io.g_b + h * io.g_h
@@ -206,7 +207,10 @@ def _kda_window(S, b, h, hk, c0, T, offs_k, mk_in, offs_v, mv_in, o_cols, active
         qv = tl.load(q_base + i * io.q_t + offs_k * io.q_k, mask=mk_in, other=0.0).to(tl.float32)
         vv = tl.load(t.v + b * io.v_b + h * io.v_h + i * io.v_t + offs_v * io.v_v, mask=mv_in, other=0.0)
         beta = tl.load(t.beta + b * io.beta_b + h * io.beta_h + i * io.beta_t, mask=active, other=0.0)
-        S *= tl.exp(tl.load(g_base + i * io.g_t + offs_k * io.g_k, mask=mk_in, other=0.0).to(tl.float32))[:, None]
+        if KDA:
+            S *= tl.exp(tl.load(g_base + i * io.g_t + offs_k * io.g_k, mask=mk_in, other=0.0).to(tl.float32))[:, None]
+        else:
+            S *= tl.exp(tl.load(g_base + i * io.g_t, mask=active, other=0.0).to(tl.float32))
         u = beta.to(tl.float32) * (vv.to(tl.float32) - tl.sum(S * kv[:, None], axis=0))
         o = tl.sum(S * qv[:, None], axis=0) + tl.sum(kv * qv, axis=0) * u
         u_ring = u.to(t.u_buf.dtype.element_ty)
@@ -218,7 +222,8 @@ def _kda_window(S, b, h, hk, c0, T, offs_k, mk_in, offs_v, mv_in, o_cols, active
 @triton.jit
 def verify_kernel(t, io, lay, NV, T, KDA: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   LP: tl.constexpr, TP: tl.constexpr, HC: tl.constexpr, HP: tl.constexpr, WRITE_IDLE: tl.constexpr,
-                  ARRIVE: tl.constexpr, DOT_PREC: tl.constexpr, TD: tl.constexpr):
+                  ARRIVE: tl.constexpr, DOT_PREC: tl.constexpr, TD: tl.constexpr,
+                  CLOSED: tl.constexpr):
     """One verify step (module notes) of T tokens, NV column blocks per value head; TP >= T, HC, HP:
     the appends' tiles (``append_flush_row``). ARRIVE: every program arrives at its row's cursor word once the
     ring's keys and gates are read; the last one stores the next cursor and, at its end, a flush
@@ -266,8 +271,8 @@ def verify_kernel(t, io, lay, NV, T, KDA: tl.constexpr, BK: tl.constexpr, BV: tl
 
     o_cols = mv if WRITE_IDLE else mv_in
     tl.debug_barrier()  # (flush rows) the fold's u reads are done before the window's u stores
-    if KDA:
-        _kda_window(S, b, h, hk, c0, T, offs_k, mk_in, offs_v, mv_in, o_cols, active, ub_base, t, io, lay)
+    if KDA or not CLOSED:
+        _window_loop(S, b, h, hk, c0, T, offs_k, mk_in, offs_v, mv_in, o_cols, active, ub_base, t, io, lay, KDA)
     else:
         _gdn_window(S, b, h, hk, c0, T, offs_k, mk_in, offs_v, mv_in, o_cols, active, ub_base, t, io, lay, TD, BV,
                     DOT_PREC)
