@@ -49,9 +49,7 @@ def dot_f32(a, b, LOWP: tl.constexpr, PREC: tl.constexpr):
     """``a @ b`` in fp32: on the operands as they are (LOWP: both 16-bit, one dtype); with PREC
     ``bf16x2`` / ``bf16x3`` and one bf16 operand, the other split (``dot_split``); else on fp32
     operands at PREC (``tf32x3`` for a split PREC)."""
-    if PREC == "fma":
-        return tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
-    elif LOWP:
+    if LOWP:
         return tl.dot(a, b, out_dtype=tl.float32)
     elif (PREC == "bf16x2" or PREC == "bf16x3") and a.dtype == b.dtype and a.dtype == tl.bfloat16:
         return tl.dot(a, b, out_dtype=tl.float32)  # exact products already

@@ -18,7 +18,7 @@ from ..backend import is_pow2, pow2
 __all__ = ["LaunchConfig", "StepConfig", "VerifyConfig", "default_config", "program_split", "step_config",
            "verify_config"]
 
-DOT_PRECISIONS = (None, "tf32", "tf32x3", "ieee", "bf16x2", "bf16x3", "fma")
+DOT_PRECISIONS = (None, "tf32", "tf32x3", "ieee", "bf16x2", "bf16x3")
 
 
 @dataclass(frozen=True)
