@@ -129,14 +129,11 @@ class VerifyConfig:
     block_v, num_warps: value columns and warps of a program (whose tile spans the key dim).
     arrive: the cursors move on inside the launch (arrivals on the cursor word, ``kernels/cursor.py``)
         instead of in a second, per-row launch; needs int32 cursors and L <= 127.
-    closed_form: Gated DeltaNet's window from two products with the state tile instead of advancing it
-        token by token (``verify_programs.py``; KDA always advances it).
     """
 
     block_v: int = 32
     num_warps: int = 4
     arrive: bool = True
-    closed_form: bool = True
 
     def __post_init__(self):
         for name in ("block_v", "num_warps"):
@@ -146,9 +143,10 @@ class VerifyConfig:
 
 @functools.lru_cache(maxsize=256)
 def default_verify_config(K: int, Bt: int = 1, kda: bool = False) -> VerifyConfig:
-    """The verify step of ``Bt`` rows of a layer with key dim ``K``: the one-launch decode kernel's
-    tile, 32 columns by the key dim, on 4 warps (8 above K = 128); Gated DeltaNet from batch 32 on
-    one warp (1.3x at batch 64 and 256, T = 5; KDA and small batches not timed yet)."""
-    if not kda and Bt >= 32 and triton.next_power_of_2(K) <= 128:
-        return VerifyConfig(block_v=32, num_warps=1)
+    """The verify step of ``Bt`` rows of a layer with key dim ``K``: one warp per program for Gated
+    DeltaNet up to K = 128, on 16 value columns below batch 32 (more programs) and 32 from there;
+    KDA the one-launch decode kernel's tile, 32 columns on 4 warps (8 above K = 128). Timings:
+    ``examples/benchmarks/TUNING.md``."""
+    if not kda and triton.next_power_of_2(K) <= 128:
+        return VerifyConfig(block_v=16 if Bt < 32 else 32, num_warps=1)
     return VerifyConfig(block_v=32, num_warps=4 if triton.next_power_of_2(K) <= 128 else 8)

@@ -17,16 +17,8 @@ steps would run,
     o_t = S^T q_t + (k_t . q_t) u_t ;  S <- S + k~_t u~_t^T
 
 with ``k~_t``, ``u~_t`` the ring copies (rounded to the ring dtypes), which is what later tokens
-read in the reference. KDA (a decay per key channel) runs exactly that on the tile in registers.
-Gated DeltaNet (one decay per head, running sums ``G_t`` over the window) takes the closed form
-
-    r_t = exp(G_t) (k_t^T S) + sum_{j<t} exp(G_t - G_j) (k_t . k~_j) u~_j
-    o_t = exp(G_t) (q_t^T S) + sum_{j<t} exp(G_t - G_j) (q_t . k~_j) u~_j + (k_t . q_t) u_t
-
-where S enters two matrix products (``K S`` and ``Q S`` over the window's rows) and the tokens'
-sequence runs on (T, BV) tiles only. Either way a token never reads a later one (the pairs
-``j < t`` are selected, not multiplied by 0), so rejected (even non-finite) tokens cannot reach
-an earlier output, and the checkpoint tile is read once for all T outputs.
+read in the reference; a token never reads a later one, so rejected (even non-finite) tokens
+cannot reach an earlier output. The checkpoint tile is read once for all T outputs.
 
 Appends: ``u_t`` by each program for its columns; the keys and gates of a non-flush row by one
 program per key head / value head (slots past the history: nobody reads them); those of a flush
@@ -150,54 +142,11 @@ def _ring_state(s_ptrs, s_mask, kb_base, gb_base, ub_base, offs_k, mk, offs_v, m
 
 
 @triton.jit
-def _row(x, sel):
-    """Row ``sel`` (a one-hot (TD,) mask) of a (TD, n) tile, as (n,)."""
-    return tl.sum(tl.where(sel[:, None], x, 0.0), axis=0)
-
-
-@triton.jit
-def _gdn_window(S, b, h, hk, c0, T, offs_k, mk_in, offs_v, mv_in, o_cols, active, ub_base, t, io, lay,
-                TD: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Gated DeltaNet's T window outputs and ring ``u`` from the state tile S (BK, BV) fp32 in closed
-    form (module notes): S enters two products, ``K S`` and ``Q S``, and is never advanced."""
-    offs_d = tl.arange(0, TD)
-    md = offs_d < T
-    m_dk = md[:, None] & mk_in[None, :]
-    kw = tl.load(t.k + b * io.k_b + hk * io.k_h + offs_d[:, None] * io.k_t + offs_k[None, :] * io.k_k, mask=m_dk,
-                 other=0.0)  # (TD, BK), input dtype
-    qw = tl.load(t.q + b * io.q_b + hk * io.q_h + offs_d[:, None] * io.q_t + offs_k[None, :] * io.q_k, mask=m_dk,
-                 other=0.0)
-    kr = kw.to(t.k_buf.dtype.element_ty)  # the ring's copies
-    ks = dot_f32(kw, S, False, DOT_PREC)  # (TD, BV): k_i^T S
-    qs = dot_f32(qw, S, False, DOT_PREC)
-    earlier = offs_d[None, :] < offs_d[:, None]  # (TD, TD): token j before token i
-    gs = window_gate_sums(b, h, T, offs_d, offs_k, mk_in, t, io, False)  # (TD,) G_i
-    dec = tl.exp(tl.minimum(gs[:, None] - gs[None, :], 0.0))
-    mkk = tl.where(earlier, dec * dot_f32(kw, tl.trans(kr), False, DOT_PREC), 0.0)  # exp(G_i - G_j) k_i . k~_j
-    mqk = tl.where(earlier, dec * dot_f32(qw, tl.trans(kr), False, DOT_PREC), 0.0)
-    kq = tl.sum(kw.to(tl.float32) * qw.to(tl.float32), axis=1)  # (TD,) k_i . q_i
-    eg = tl.exp(gs)
-    U = tl.zeros([TD, BV], dtype=tl.float32)  # the ring's u~_j, rows j < i
-    for i in range(T):
-        sel = offs_d == i
-        vv = tl.load(t.v + b * io.v_b + h * io.v_h + i * io.v_t + offs_v * io.v_v, mask=mv_in, other=0.0)
-        beta = tl.load(t.beta + b * io.beta_b + h * io.beta_h + i * io.beta_t, mask=active, other=0.0)
-        eg_i = tl.sum(tl.where(sel, eg, 0.0), axis=0)
-        r = eg_i * _row(ks, sel) + tl.sum(_row(mkk, sel)[:, None] * U, axis=0)
-        u = beta.to(tl.float32) * (vv.to(tl.float32) - r)
-        o = eg_i * _row(qs, sel) + tl.sum(_row(mqk, sel)[:, None] * U, axis=0) + tl.sum(tl.where(sel, kq, 0.0)) * u
-        u_ring = u.to(t.u_buf.dtype.element_ty)
-        tl.store(t.out + b * io.out_b + h * io.out_h + offs_v * io.out_v + i * io.out_t,
-                 tl.where(active, o, 0.0).to(t.out.dtype.element_ty), mask=o_cols)
-        tl.store(ub_base + (c0 + i) * lay.u_l + offs_v * lay.u_v, u_ring, mask=mv_in)
-        U = tl.where(sel[:, None], u_ring.to(tl.float32)[None, :], U)
-
-
-@triton.jit
 def _window_loop(S, b, h, hk, c0, T, offs_k, mk_in, offs_v, mv_in, o_cols, active, ub_base, t, io, lay,
                  KDA: tl.constexpr):
     """The T window outputs and ring ``u`` from the state tile S (BK, BV) fp32, advanced token by
-    token (module notes)."""
+    token (module notes). (A closed form for Gated DeltaNet, S entering two products over the
+    window, spilled registers on sm_90 and ran 5-7x slower.)"""
     k_base = t.k + b * io.k_b + hk * io.k_h
     q_base = t.q + b * io.q_b + hk * io.q_h
     g_base = t.g + b * io.g_b + h * io.g_h
@@ -222,8 +171,7 @@ def _window_loop(S, b, h, hk, c0, T, offs_k, mk_in, offs_v, mv_in, o_cols, activ
 @triton.jit
 def verify_kernel(t, io, lay, NV, T, KDA: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   LP: tl.constexpr, TP: tl.constexpr, HC: tl.constexpr, HP: tl.constexpr, WRITE_IDLE: tl.constexpr,
-                  ARRIVE: tl.constexpr, DOT_PREC: tl.constexpr, TD: tl.constexpr,
-                  CLOSED: tl.constexpr):
+                  ARRIVE: tl.constexpr, DOT_PREC: tl.constexpr):
     """One verify step (module notes) of T tokens, NV column blocks per value head; TP >= T, HC, HP:
     the appends' tiles (``append_flush_row``). ARRIVE: every program arrives at its row's cursor word once the
     ring's keys and gates are read; the last one stores the next cursor and, at its end, a flush
@@ -271,11 +219,7 @@ def verify_kernel(t, io, lay, NV, T, KDA: tl.constexpr, BK: tl.constexpr, BV: tl
 
     o_cols = mv if WRITE_IDLE else mv_in
     tl.debug_barrier()  # (flush rows) the fold's u reads are done before the window's u stores
-    if KDA or not CLOSED:
-        _window_loop(S, b, h, hk, c0, T, offs_k, mk_in, offs_v, mv_in, o_cols, active, ub_base, t, io, lay, KDA)
-    else:
-        _gdn_window(S, b, h, hk, c0, T, offs_k, mk_in, offs_v, mv_in, o_cols, active, ub_base, t, io, lay, TD, BV,
-                    DOT_PREC)
+    _window_loop(S, b, h, hk, c0, T, offs_k, mk_in, offs_v, mv_in, o_cols, active, ub_base, t, io, lay, KDA)
 
     if last & flush:  # every program of the row has read the slots these overwrite
         append_flush_row(b, T, t, io, lay, KDA, BK, TP, HC, HP)

@@ -35,8 +35,8 @@ class LaunchConfig:
     specialize: sizes and checkpoint / ring strides compiled in (one compile per layer shape).
     flush_first: the flushing rows' programs run first; the cursor advance is then counted
         launch-wide (batches up to ``persistent.FLUSH_ROWS``; larger ones keep row order).
-    dot_precision: input precision of the flush ``tl.dot`` on fp32 operands (None: ``tf32x3``,
-        ``ieee`` under the interpreter).
+    dot_precision: the flush ``tl.dot`` on fp32 operands: a ``tl.dot`` input precision, or ``bf16x2`` /
+        ``bf16x3`` (``replayssm.kernels.split_dot``); None: ``tf32x3`` (``ieee`` under the interpreter).
     """
 
     block_p: int
@@ -143,8 +143,9 @@ class VerifyConfig:
     heads_per_program: heads of one group a program walks (rounded to chunks of equal size).
     block_n: state-dim tile (at least 16); ``>= N`` holds a head's checkpoint lanes in one tile.
     num_warps: warps per program.
-    dot_precision: input precision of the ``tl.dot`` on fp32 operands (None: ``tf32x3``, ``ieee``
-        under the interpreter).
+    dot_precision: the ``tl.dot`` products on fp32 operands: a ``tl.dot`` input precision, or ``bf16x2`` /
+        ``bf16x3`` (``replayssm.kernels.split_dot``; a flush-first fold takes ``bf16x3`` for ``bf16x2``);
+        None: ``tf32x3`` (``ieee`` under the interpreter).
     """
 
     block_p: int
@@ -168,18 +169,16 @@ class VerifyConfig:
 
 @functools.lru_cache(maxsize=1024)
 def verify_config(Bt: int, H: int, P: int, N: int, G: int, n_sm: int) -> VerifyConfig:
-    """The verify launch for ``Bt`` rows of a layer (H, P, N, G) on ``n_sm`` multiprocessors. Not yet
-    timed on a GPU (``examples/benchmarks/bench_verify.py``): the rules carry the replay decode's over
-    where they apply and otherwise follow the program's register count compiled for sm_90."""
-    HPG = H // G
-    # one state tile per head up to N = 256, as in the replay decode
+    """The verify launch for ``Bt`` rows of a layer (H, P, N, G) on ``n_sm`` multiprocessors: 16 lanes
+    (every warp of the ``C . S0`` product holds the whole C tile, so wider lane blocks only add
+    registers; P = 80 splits evenly), one state tile per head up to N = 256; 4 heads per program on
+    2 warps once that gives 4 programs per SM, else one head on 4 warps; the fp32 products as two
+    bf16 parts (``split_dot``: the outputs are rounded to the activation dtype after them; a
+    flush-first fold takes three). Timings: ``examples/benchmarks/TUNING.md``."""
     block_n = max(16, min(pow2(N), 256)) if N <= 256 else 128
-    # 16 lanes: every warp of the C . S0 product holds the whole C tile, so wider lane blocks add
-    # registers per program without saving any (and P = 80 splits evenly)
     block_p = 16
     n_pb = triton.cdiv(P, block_p)
-    # ~8 programs per SM, at most 8 heads of a group of 16+: the replay decode's split
-    hc = max(1, min(HPG if HPG < 16 else 8, (Bt * G * n_pb * HPG) // (8 * n_sm)))
-    # 4 warps: each holds a quarter of the checkpoint tile, which they load in parallel
-    hc = program_split(VerifyConfig(block_p, hc, block_n, 4), H, P, G)[0]
-    return VerifyConfig(block_p, hc, block_n, 4)
+    HPG = H // G
+    if Bt * G * n_pb * triton.cdiv(HPG, 4) >= 4 * n_sm:
+        return VerifyConfig(block_p, min(4, HPG), block_n, 2, "bf16x2")
+    return VerifyConfig(block_p, 1, block_n, 4, "bf16x2")

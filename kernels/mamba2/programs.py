@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from ..persistent import flush_first_row
+from ..split_dot import dot_f32
 from .heads import head_constants, head_scale, process_dt, store_state_tile, window_weights
 
 #: the tensors of a replay launch (optional ones replaced by ``x``, with zero strides)
@@ -259,7 +260,7 @@ def _flush_heads_dot(b, h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k):
         if k.DOT_LOWP:
             upd = tl.dot(tl.trans(xw), wb.to(t.x_buf.dtype.element_ty), out_dtype=tl.float32)
         else:
-            upd = tl.dot(tl.trans(xw.to(tl.float32)), wb, input_precision=k.DOT_PREC, out_dtype=tl.float32)
+            upd = dot_f32(tl.trans(xw), wb, False, k.DOT_PREC)
         sc = head_scale(b, h, offs_p, mask_p, t, io, k)
         s_new = abar * (s_t.to(tl.float32) * sc[:, None]) + upd
         store_state_tile(st_row + h * lay.s_h + offs_p[:, None] * lay.s_p + nn[None, :] * lay.s_n, s_new,

@@ -156,7 +156,11 @@ def _fold_tile(s0, br, b, h, nn, offs_p, mask_p, a_h, ring_l, xr, dtr, t, lay, k
     w = dtr * tl.exp(tl.minimum(a_h * (pc - tl.cumsum(dtr, 0)), 0.0))
     wb = tl.where(ring_l[None, :], br.to(tl.float32) * w[None, :], 0.0)
     xq = xr.to(t.x_buf.dtype.element_ty)  # the ring's values: exact
-    s_new = tl.exp(tl.minimum(a_h * pc, 0.0)) * s0.to(tl.float32) + _dot(wb, xq, False, k.DOT_PREC)
+    if k.DOT_PREC == "bf16x2":  # the stored checkpoint gets the 24-bit split
+        upd = _dot(wb, xq, False, "bf16x3")
+    else:
+        upd = _dot(wb, xq, False, k.DOT_PREC)
+    s_new = tl.exp(tl.minimum(a_h * pc, 0.0)) * s0.to(tl.float32) + upd
     sq = s_new.to(t.state.dtype.element_ty)
     tl.store(t.state + b * lay.s_b + h * lay.s_h + nn[:, None] * lay.s_n + offs_p[None, :] * lay.s_p, sq,
              mask=(nn < lay.N)[:, None] & mask_p[None, :])

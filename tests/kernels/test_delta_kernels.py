@@ -354,12 +354,11 @@ def test_8bit_checkpoint_launch_rules():
 
 
 def test_verify_launch_rule():
-    """The verify step runs Gated DeltaNet from batch 32 on one warp; KDA, small batches and wide key
-    tiles keep the 4 (8) warps of the one-launch decode tile."""
-    from replayssm.kernels.delta.config import default_verify_config
+    """The verify step runs Gated DeltaNet on one warp (16 value columns below batch 32, 32 from
+    there); KDA and wide key tiles keep the 4 (8) warps of the one-launch decode tile."""
+    from replayssm.kernels.delta.config import VerifyConfig, default_verify_config
 
-    assert default_verify_config(128, 64, False).num_warps == 1
+    assert default_verify_config(128, 64, False) == VerifyConfig(block_v=32, num_warps=1)
+    assert default_verify_config(128, 1, False) == VerifyConfig(block_v=16, num_warps=1)
     assert default_verify_config(128, 64, True).num_warps == 4
-    assert default_verify_config(128, 16, False).num_warps == 4
     assert default_verify_config(256, 64, False).num_warps == 8
-    assert default_verify_config(128).block_v == 32
