@@ -145,8 +145,7 @@ def _ring_state(s_ptrs, s_mask, kb_base, gb_base, ub_base, offs_k, mk, offs_v, m
 def _window_loop(S, b, h, hk, c0, T, offs_k, mk_in, offs_v, mv_in, o_cols, active, ub_base, t, io, lay,
                  KDA: tl.constexpr):
     """The T window outputs and ring ``u`` from the state tile S (BK, BV) fp32, advanced token by
-    token (module notes). (A closed form for Gated DeltaNet, S entering two products over the
-    window, spilled registers on sm_90 and ran 5-7x slower.)"""
+    token (module notes)."""
     k_base = t.k + b * io.k_b + hk * io.k_h
     q_base = t.q + b * io.q_b + hk * io.q_h
     g_base = t.g + b * io.g_b + h * io.g_h
