@@ -47,15 +47,17 @@ def dot_split(a, b, PREC: tl.constexpr):
 @triton.jit
 def dot_f32(a, b, LOWP: tl.constexpr, PREC: tl.constexpr):
     """``a @ b`` in fp32: on the operands as they are (LOWP: both 16-bit, one dtype); with PREC
-    ``bf16x2`` / ``bf16x3`` and one bf16 operand, the other split (``dot_split``); else on fp32
-    operands at PREC (``tf32x3`` for a split PREC)."""
+    ``bf16x2`` / ``bf16x3``: as they are if both are bf16, the fp32 one split if one is
+    (``dot_split``), else at ``tf32x3``; any other PREC: on fp32 operands at PREC."""
     if LOWP:
-        return tl.dot(a, b, out_dtype=tl.float32)
-    elif (PREC == "bf16x2" or PREC == "bf16x3") and a.dtype == b.dtype and a.dtype == tl.bfloat16:
-        return tl.dot(a, b, out_dtype=tl.float32)  # exact products already
-    elif (PREC == "bf16x2" or PREC == "bf16x3") and (a.dtype == tl.bfloat16 or b.dtype == tl.bfloat16):
-        return dot_split(a, b, PREC)
+        acc = tl.dot(a, b, out_dtype=tl.float32)
     elif PREC == "bf16x2" or PREC == "bf16x3":
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32x3", out_dtype=tl.float32)
+        if a.dtype == tl.bfloat16 and b.dtype == tl.bfloat16:
+            acc = tl.dot(a, b, out_dtype=tl.float32)  # exact products already
+        elif a.dtype == tl.bfloat16 or b.dtype == tl.bfloat16:
+            acc = dot_split(a, b, PREC)
+        else:
+            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32x3", out_dtype=tl.float32)
     else:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PREC, out_dtype=tl.float32)
+        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PREC, out_dtype=tl.float32)
+    return acc

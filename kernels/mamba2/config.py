@@ -14,11 +14,12 @@ from dataclasses import dataclass
 import triton
 
 from ..backend import is_pow2, pow2
+from ..split_dot import SPLIT_PRECISIONS
 
 __all__ = ["LaunchConfig", "StepConfig", "VerifyConfig", "default_config", "program_split", "step_config",
            "verify_config"]
 
-DOT_PRECISIONS = (None, "tf32", "tf32x3", "ieee", "bf16x2", "bf16x3")
+DOT_PRECISIONS = (None, "tf32", "tf32x3", "ieee") + SPLIT_PRECISIONS
 
 
 @dataclass(frozen=True)

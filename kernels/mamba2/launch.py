@@ -12,6 +12,7 @@ from ..backend import compiled_in, num_sms, pow2, triton_interpreter_on
 from ..persistent import FLUSH_ROWS
 from ..quant import advance_flush_counters, check_quant_args, is_scaled
 from ..quant_triton import state_format
+from ..split_dot import SPLIT_PRECISIONS
 from .config import LaunchConfig, StepConfig, default_config, program_split, step_config
 from .programs import Flags, IoStrides, Layout, Tensors, replay_kernel, replay_kernel_dyn
 from .step import step_kernel
@@ -64,7 +65,7 @@ def _check(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, out):
 def dot_precision(requested: str | None) -> str:
     """Input precision of a ``tl.dot`` on fp32 operands: ``requested``, else ``tf32x3`` (``ieee``
     under the interpreter, which has no tf32)."""
-    if triton_interpreter_on() and (requested is None or requested.startswith("bf16")):
+    if triton_interpreter_on() and (requested is None or requested in SPLIT_PRECISIONS):
         return "ieee"  # (its bf16 tl.dot is not exact)
     return requested or "tf32x3"
 
