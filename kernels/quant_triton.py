@@ -112,6 +112,24 @@ def round_to(v, u, FMT: tl.constexpr, SR: tl.constexpr):
 
 
 @triton.jit
+def codes_to_f32(q, FMT: tl.constexpr):
+    """fp32 values of a tile of stored checkpoint codes, before their scales, by integer and fp32
+    operations instead of the conversion units (a quarter of the fp32 rate on sm_80 / sm_90, the
+    bound of an 8-bit output route). int8: ``q ^ 0x80`` in the mantissa of 2^23, then
+    ``- (2^23 + 128)``. e4m3 (FMT 3): exponent and mantissa bits moved to fp32's, then times 2^120
+    (the exponent bias; subnormal codes pass through fp32 subnormals, exactly)."""
+    if FMT == 4:
+        u = q.to(tl.uint8, bitcast=True).to(tl.uint32) ^ 0x4B000080
+        return u.to(tl.float32, bitcast=True) - 8388736.0
+    elif FMT == 3:
+        u = q.to(tl.uint8, bitcast=True).to(tl.uint32)
+        bits = ((u & 0x7F) << 20) | ((u & 0x80) << 24)
+        return bits.to(tl.float32, bitcast=True) * 1.329227995784916e36
+    else:
+        return q.to(tl.float32)
+
+
+@triton.jit
 def tile_scale(s, AXIS: tl.constexpr, FMT: tl.constexpr):
     """(encode factors, stored scales) of an fp32 tile over AXIS: ``QMAX / amax`` (0 where amax is 0)
     and ``amax / QMAX``; for unscaled formats (1, 1)."""
@@ -169,3 +187,19 @@ def quant_probe(x: torch.Tensor, dtype: torch.dtype, axis: int, rng: torch.Tenso
     quant_probe_kernel[(1,)](x.contiguous(), q, d, r, M, N, AXIS=axis, FMT=fmt, SR=rng is not None,
                              BM=triton.next_power_of_2(M), BN=triton.next_power_of_2(N))
     return q, (d if fmt >= 3 else None)
+
+
+@triton.jit
+def codes_probe_kernel(q_ptr, out_ptr, n, FMT: tl.constexpr, BLOCK: tl.constexpr):
+    """Test entry: ``codes_to_f32`` of ``n`` stored codes."""
+    offs = tl.arange(0, BLOCK)
+    q = tl.load(q_ptr + offs, mask=offs < n)
+    tl.store(out_ptr + offs, codes_to_f32(q, FMT), mask=offs < n)
+
+
+def codes_probe(q: torch.Tensor) -> torch.Tensor:
+    """Run ``codes_probe_kernel`` on a vector of stored codes; returns their fp32 values."""
+    out = torch.empty(q.numel(), dtype=torch.float32, device=q.device)
+    codes_probe_kernel[(1,)](q.contiguous(), out, q.numel(), FMT=state_format(q.dtype),
+                             BLOCK=triton.next_power_of_2(q.numel()))
+    return out

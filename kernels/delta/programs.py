@@ -21,6 +21,7 @@ import triton.language as tl
 
 from ..cursor import advanced_cursor
 from ..persistent import flush_row_prefix, nth_flush_row
+from ..quant_triton import codes_to_f32
 from ..split_dot import bf16_parts
 from .gates import append_gate_sum, gdn_decay_window, previous_gate_sum
 from .tiles import column_scale, head_block, store_state_tile
@@ -309,10 +310,10 @@ def output_kernel(t, sc, io, lay, NV: tl.constexpr, KDA: tl.constexpr, BK: tl.co
         offs_k = i_k * BK + tl.arange(0, BK)
         mk = offs_k < lay.K
         if NK == 1:
-            s0 = s_first.to(tl.float32)
+            s0 = codes_to_f32(s_first, FMT)
         else:
-            s0 = tl.load(s_base + offs_k[:, None] * lay.s_k + offs_v[None, :] * lay.s_v,
-                         mask=mk[:, None] & mv[None, :], other=0.0).to(tl.float32)
+            s0 = codes_to_f32(tl.load(s_base + offs_k[:, None] * lay.s_k + offs_v[None, :] * lay.s_v,
+                                      mask=mk[:, None] & mv[None, :], other=0.0), FMT)
         if X_FROM_KEYS:
             hk_x = h // lay.GROUP
             xk = tl.load(t.k + b * io.k_b + hk_x * io.k_h + offs_k * io.k_k, mask=mk, other=0.0).to(tl.float32) * dsc
@@ -442,9 +443,9 @@ def flush_kernel(t, sc, io, lay, row0, n_rows, NV, KDA: tl.constexpr, BK: tl.con
                 else:
                     uc = tl.load(sc.uf + i_bh * lay.V + offs_v, mask=mv, other=0.0)
                 if PREFETCH:
-                    s0 = s_cur.to(tl.float32)
+                    s0 = codes_to_f32(s_cur, FMT)
                 else:
-                    s0 = _state_tile(s_base, offs_k, mk, offs_v, v_end, lay).to(tl.float32)
+                    s0 = codes_to_f32(_state_tile(s_base, offs_k, mk, offs_v, v_end, lay), FMT)
                 if FMT >= 3:
                     s0 = s0 * column_scale(b, h, offs_v, mv, t, io, FMT)[None, :]
                 if KDA:

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from ..cursor import advanced_cursor, arrive_on_cursor, count_arrival, cursor_of_word
+from ..quant_triton import codes_to_f32
 from .gates import previous_gate_sum
 from .tiles import column_scale, head_block, store_state_tile
 
@@ -122,7 +123,7 @@ def small_batch_kernel(t, io, lay, NV, KDA: tl.constexpr, BK: tl.constexpr, BV: 
     s_ptrs = s_base + offs_k[:, None] * lay.s_k + offs_v[None, :] * lay.s_v
 
     # the current token and the checkpoint tile (predicated on the cursor), then the ring (j < c)
-    s0 = tl.load(s_ptrs, mask=mk_in[:, None] & mv_act[None, :], other=0.0).to(tl.float32)
+    s0 = codes_to_f32(tl.load(s_ptrs, mask=mk_in[:, None] & mv_act[None, :], other=0.0), FMT)
     if FMT >= 3:  # int8 / fp8: one scale per value column
         s0 = s0 * column_scale(b, h, offs_v, mv_act, t, io, FMT)[None, :]
     qv = tl.load(q_base + offs_k * io.q_k, mask=mk_in, other=0.0).to(tl.float32)

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from ..persistent import flush_first_row
+from ..quant_triton import codes_to_f32
 from ..split_dot import dot_f32
 from .heads import head_constants, head_scale, process_dt, store_state_tile, window_weights
 
@@ -328,7 +329,7 @@ def _output_heads_one_tile(b, h0, nh, pb, c, bc, offs_p, mask_p, rows, e, t, io,
         dr_n = tl.load(dt_row + hn * io.dt_h, mask=ok, other=0.0)
         a_n, dtb_n, dco_n = head_constants(hn, ok, t, io, k)
 
-        acc = tl.sum(s_t.to(tl.float32) * cv[None, :], 1)  # S0 . C
+        acc = tl.sum(codes_to_f32(s_t, k.FMT) * cv[None, :], 1)  # S0 . C
         if k.FMT >= 3:
             acc = acc * head_scale(b, h, offs_p, mask_p, t, io, k)
         d = process_dt(dr_t, dtb_t, k)
@@ -359,8 +360,8 @@ def _output_heads_tiled(b, h0, nh, pb, c, bc, offs_p, mask_p, rows, t, io, lay, 
         for n0 in range(0, lay.N, k.BLOCK_N):
             nn = n0 + offs_n
             mn = nn < lay.N
-            s0 = tl.load(st_row + h * lay.s_h + offs_p[:, None] * lay.s_p + nn[None, :] * lay.s_n,
-                         mask=mask_p[:, None] & mn[None, :], other=0.0).to(tl.float32)
+            s0 = codes_to_f32(tl.load(st_row + h * lay.s_h + offs_p[:, None] * lay.s_p + nn[None, :] * lay.s_n,
+                                      mask=mask_p[:, None] & mn[None, :], other=0.0), k.FMT)
             cvn = tl.load(C_row + nn * io.C_n, mask=mn, other=0.0).to(tl.float32)
             acc += tl.sum(s0 * cvn[None, :], 1)
         if k.FMT >= 3:

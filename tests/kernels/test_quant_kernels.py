@@ -33,6 +33,19 @@ def test_triton_quantize_is_bit_exact(dtype, axis, sr):
     assert (d is None and dr is None) or torch.equal(d, dr)
 
 
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn])
+def test_triton_decodes_every_code_exactly(dtype):
+    """The kernels' integer-and-fp32 decoding of 8-bit codes equals torch's conversion for every
+    code (e4m3's subnormals included; its two NaN codes are never written)."""
+    from replayssm.kernels.quant_triton import codes_probe
+
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype)
+    if dtype == torch.float8_e4m3fn:
+        codes = codes[~torch.isnan(codes.float())]
+    got = codes_probe(codes.to(DEV)).cpu()
+    assert torch.equal(got.view(torch.int32), codes.float().view(torch.int32))
+
+
 @pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
 @pytest.mark.parametrize("dtype,sr", [(torch.int8, False), (torch.int8, True), (torch.float8_e4m3fn, False),
                                       (torch.float8_e4m3fn, True), (torch.bfloat16, True)])
