@@ -1,6 +1,6 @@
 """The bf16 split of ``kernels/split_dot.py``: ``hi + mid + lo`` gives an fp32 value back to fp32
 rounding and ``hi + mid`` to 16 bits (interpreter or GPU); on a GPU, ``dot_f32``'s split products
-against a float64 matmul and against ``tf32x3``'s error."""
+and ``tf32x3`` against a float64 matmul."""
 
 from __future__ import annotations
 
@@ -57,8 +57,9 @@ def test_parts_give_the_value_back():
 @pytest.mark.gpu
 @pytest.mark.parametrize("fp32_side", ["left", "right"])
 def test_split_products_against_float64(fp32_side):
-    """bf16 x fp32 products of a verify's shapes: ``bf16x3`` no further from float64 than
-    ``tf32x3`` (or 2^-22 of the products' magnitude), ``bf16x2`` within 2^-15 of it."""
+    """bf16 x fp32 products of a verify's shapes, error relative to ``sum |a||b|``: ``bf16x3`` within
+    2^-19 (the tensor cores' fp32 accumulation bounds it and ``tf32x3`` alike, about 2^-20 on an H100)
+    and under half ``bf16x2``'s (its third part counts), ``bf16x2`` within 2^-15 (16 bits)."""
     M, K, N = 16, 128, 32
     g = torch.Generator().manual_seed(1)
     a = torch.randn(M, K, generator=g).bfloat16() if fp32_side == "right" else _wide(M * K, 2).reshape(M, K)
@@ -71,5 +72,6 @@ def test_split_products_against_float64(fp32_side):
         out = torch.full((M, N), float("nan"), device="cuda")
         _dot_kernel[(1,)](a, b, out, M=M, K=K, N=N, PREC=prec)
         errs[prec] = float(((out.double() - exact).abs() / scale).max())
-    assert errs["bf16x3"] <= max(errs["tf32x3"], 2.0 ** -22), errs
+    assert errs["tf32x3"] <= 2.0 ** -19 and errs["bf16x3"] <= 2.0 ** -19, errs
+    assert errs["bf16x3"] < errs["bf16x2"] / 2, errs
     assert errs["bf16x2"] <= 2.0 ** -15, errs
