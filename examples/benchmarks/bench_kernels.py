@@ -16,8 +16,9 @@ For each (family, layer shape, batch, checkpoint dtype) it times, on the same da
 Also the byte floor of replay and per-step updates over the copy bandwidth measured in the same
 run (``frac``), the memory per sequence of one layer (checkpoint + int8/fp8 scales + rings), and for
 the 8-bit checkpoints (``--dtypes ...,float8_e4m3fn,int8``) the replay time relative to the bf16
-checkpoint's (``vs_bf16``; the per-step kernels and ``--baseline-tree`` do not store scales, so those
-rows time replay only). Writes ``kernels.json`` and ``kernels.md`` under ``--out`` (default ``out/bench``).
+checkpoint's (``vs_bf16``; the per-step kernels do not store scales, nor does a ``--baseline-tree``
+older than the 8-bit checkpoints, so those rows time replay and such a baseline only). Writes
+``kernels.json`` and ``kernels.md`` under ``--out`` (default ``out/bench``).
 ``--smoke``: tiny shapes through the Triton interpreter on any machine (checks the script).
 Method and results: examples/benchmarks/README.md; tuning record: TUNING.md.
 
@@ -266,12 +267,18 @@ def time_steps(body, steps: int, eager: bool = False) -> float:
     return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median") * 1e3 / steps
 
 
+def takes_scales(mod, family: str) -> bool:
+    """Whether a kernels tree's replay function reads int8 / fp8 checkpoints (``state_scale``)."""
+    fn = mod.mamba2_replay_decode if family == "mamba2" else mod.delta_replay_decode
+    return "state_scale" in inspect.signature(fn).parameters
+
+
 def bench_cell(family, name, shape, Bt, sdt, args, mods, extra, dev):
     cell = (Mamba2Cell if family == "mamba2" else DeltaCell)(shape, Bt, sdt, args.L, dev, args.stagger,
                                                              R=1 if args.smoke else None)
     bodies = {"replay": (*cell.replay(mods["replay"][family]), False)}
     scaled = sdt in SCALED  # only the replay kernels read and write scaled checkpoints
-    if "baseline" in mods and not scaled:
+    if "baseline" in mods and (not scaled or takes_scales(mods["baseline"][family], family)):
         bodies["baseline"] = (*cell.replay(mods["baseline"][family]), False)
     if not scaled:
         bodies["step"] = (*cell.step(mods["replay"][family]), False)
