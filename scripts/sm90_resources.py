@@ -1,18 +1,22 @@
-"""Registers and spills of the verify kernels' launches, compiled for sm_90 on a machine without a GPU.
+"""Registers and spills of the kernels' launches, compiled for sm_90 on a machine without a GPU.
 
 Triton compiles for a target it is told of: a stand-in driver names sm_90, each launch is compiled
-(``warmup``), never run, and ``cuobjdump -res-usage`` (shipped with Triton) reads the cubin. A program
-at the 255-register cap with a stack spills; registers per thread times warps bound the programs
-per SM. A first filter for launch variants before a GPU times them.
+(``warmup``), never run, and ``cuobjdump`` (shipped with Triton) reads the cubin. A program at the
+255-register cap with a stack spills; registers per thread times warps bound the programs per SM.
+``--ops`` adds the program's most frequent SASS instructions (a conversion such as I2F or F2I runs
+at a quarter of the fp32 rate). A first filter for launch variants before a GPU times them.
 
     python scripts/sm90_resources.py --family mamba2 --batch 256 --T 5
     python scripts/sm90_resources.py --family delta --configs "VerifyConfig(block_v=16, num_warps=1)"
+    python scripts/sm90_resources.py --kernel replay --family mamba2 --state-dtype int8 --ops
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -57,30 +61,47 @@ class _Compile:
         return launch
 
 
-def resources(compiled) -> str:
-    """``REG:.. STACK:.. SHARED:..`` of a compiled kernel."""
+def _cuobjdump(compiled, flag: str) -> str:
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
         f.write(compiled.asm["cubin"])
-    out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-    os.unlink(f.name)
+    try:
+        return subprocess.run([tool, flag, f.name], capture_output=True, text=True, check=True).stdout
+    finally:
+        os.unlink(f.name)
+
+
+def resources(compiled) -> str:
+    """``REG:.. STACK:.. SHARED:..`` of a compiled kernel."""
+    out = _cuobjdump(compiled, "-res-usage")
     fields = next(line for line in out.splitlines() if "REG:" in line).split()
     return " ".join(x for x in fields if x.split(":")[0] in ("REG", "STACK", "SHARED"))
 
 
+def sass_ops(compiled, most: int = 16) -> str:
+    """The ``most`` most frequent SASS opcodes of a compiled kernel, with their counts."""
+    ops = collections.Counter()
+    for line in _cuobjdump(compiled, "-sass").splitlines():
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+        if m:
+            ops[m.group(1)] += 1
+    return ", ".join(f"{op}:{n}" for op, n in ops.most_common(most))
+
+
 class BadConfig(ValueError):
-    """A ``--configs`` expression that is not a ``VerifyConfig(...)`` of the family."""
+    """A ``--configs`` expression that is not a ``VerifyConfig(...)`` / ``LaunchConfig(...)`` of the family."""
 
 
 def _parse(configs, cls) -> list:
+    name = cls.__name__
     out = []
     for text in configs:
         try:
-            cfg = eval(text, {"__builtins__": {}}, {"VerifyConfig": cls})  # a developer's own expression
+            cfg = eval(text, {"__builtins__": {}}, {name: cls})  # a developer's own expression
         except Exception as exc:
-            raise BadConfig(f"expected VerifyConfig(...) with {cls.__module__}'s fields; got {text!r} ({exc})")
+            raise BadConfig(f"expected {name}(...) with {cls.__module__}'s fields; got {text!r} ({exc})")
         if not isinstance(cfg, cls):
-            raise BadConfig(f"expected VerifyConfig(...); got {text!r}")
+            raise BadConfig(f"expected {name}(...); got {text!r}")
         out.append(cfg)
     return out
 
@@ -98,7 +119,7 @@ def _mamba2(batch, T, L, act, configs):
             z(batch, T, H, P, dtype=act), True)
     for cfg in [verify_config(batch, H, P, N, G, 132)] + _parse(configs, VerifyConfig):
         verify_launch.launch_verify(*args, cfg)
-        yield cfg, resources(shim.compiled)
+        yield cfg, [("verify_kernel", shim.compiled)]
 
 
 def _delta(batch, T, L, act, configs, kda=False):
@@ -115,29 +136,90 @@ def _delta(batch, T, L, act, configs, kda=False):
             z(batch, dtype=torch.int32), z(batch, T, HV, V, dtype=act))
     for cfg in [default_verify_config(K, batch, kda)] + _parse(configs, VerifyConfig):
         verify_launch.launch_verify(*args, write_idle=True, config=cfg)
-        yield cfg, resources(shim.compiled)
+        yield cfg, [("verify_kernel", shim.compiled)]
+
+
+def _mamba2_replay(batch, L, act, sdt, configs):
+    from replayssm.kernels.mamba2 import launch
+    from replayssm.kernels.mamba2.config import LaunchConfig, default_config
+
+    shims = {name: _Compile(getattr(launch, name)) for name in ("replay_kernel", "replay_kernel_dyn")}
+    for name, shim in shims.items():
+        setattr(launch, name, shim)
+    H, P, N, G = 128, 64, 128, 8  # nemotron3-super
+    z = torch.zeros
+    scaled = sdt in (torch.int8, torch.float8_e4m3fn)
+    args = (z(batch, H, P, dtype=act), z(batch, H, dtype=act), z(batch, G, N, dtype=act), z(batch, G, N, dtype=act),
+            z(batch, H, P, N).to(sdt), z(batch, H, L, P, dtype=act), z(batch, H, L, dtype=act),
+            z(batch, G, L, N, dtype=act), z(batch, dtype=torch.int32), z(H), z(H), z(H), None, True,
+            z(batch, H, P, dtype=act), False, z(batch, dtype=torch.int32))
+    default = launch.quant_config(default_config(batch, H, P, N, G, L, sdt.itemsize, act.itemsize, 132), N,
+                                  scaled, False)  # as the launch widens it
+    for cfg in [default] + _parse(configs, LaunchConfig):
+        for shim in shims.values():
+            shim.compiled = None
+        launch.launch_replay(*args, config=cfg, state_scale=z(batch, H, P) if scaled else None)
+        yield cfg, [(name, s.compiled) for name, s in shims.items() if s.compiled is not None]
+
+
+def _delta_replay(batch, L, act, sdt, configs, kda=False):
+    from replayssm.kernels.delta import launch
+    from replayssm.kernels.delta.config import LaunchConfig, default_config
+
+    names = ("coef_kernel", "gdn_coef_kernel", "output_kernel", "flush_kernel", "small_batch_kernel")
+    shims = {name: _Compile(getattr(launch, name)) for name in names}
+    for name, shim in shims.items():
+        setattr(launch, name, shim)
+    launch.advance_cursor_triton = lambda *a, **k: None  # a separate launch the stand-in cannot run
+    Hk, HV, K, V = (32, 32, 128, 128) if kda else (16, 32, 128, 128)  # kimi-linear / qwen3.5-4b
+    z = torch.zeros
+    scaled = sdt in (torch.int8, torch.float8_e4m3fn)
+    args = (z(batch, Hk, K, dtype=act), z(batch, Hk, K, dtype=act), z(batch, HV, V, dtype=act),
+            z(batch, HV, K) if kda else z(batch, HV), z(batch, HV), z(batch, HV, K, V).to(sdt),
+            z(batch, HV, L, V, dtype=act), z(batch, Hk, L, K, dtype=act), z(batch, HV, L, K) if kda else z(batch, HV, L),
+            z(batch, dtype=torch.int32), z(batch, HV, V, dtype=act))
+    for cfg in [default_config(batch, K, V, sdt, kda)] + _parse(configs, LaunchConfig):
+        for shim in shims.values():
+            shim.compiled = None
+        launch.delta_replay_decode_triton(*args, config=cfg, state_scale=z(batch, HV, V) if scaled else None)
+        yield cfg, [(name, s.compiled) for name, s in shims.items() if s.compiled is not None]
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.int8,
+          "float8_e4m3fn": torch.float8_e4m3fn}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernel", choices=("verify", "replay"), default="verify")
     ap.add_argument("--family", choices=("mamba2", "delta", "kda"), default="mamba2")
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--T", type=int, default=5)
+    ap.add_argument("--T", type=int, default=5, help="verify window")
     ap.add_argument("--L", type=int, default=16)
-    ap.add_argument("--configs", nargs="*", default=[], help="VerifyConfig(...) expressions beside the default")
+    ap.add_argument("--state-dtype", choices=tuple(DTYPES), default="float32", help="replay checkpoint dtype")
+    ap.add_argument("--configs", nargs="*", default=[],
+                    help="VerifyConfig(...) / LaunchConfig(...) expressions beside the default")
+    ap.add_argument("--ops", action="store_true", help="also the most frequent SASS instructions")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("sm90_resources.py: unset TRITON_INTERPRET (this compiles for sm_90)", file=sys.stderr)
         return 2
     driver.set_active(_Sm90())
-    act = torch.bfloat16
-    if args.family == "mamba2":
-        rows = _mamba2(args.batch, args.T, args.L, act, args.configs)
+    act, sdt = torch.bfloat16, DTYPES[args.state_dtype]
+    kda = args.family == "kda"
+    if args.kernel == "verify":
+        rows = (_mamba2(args.batch, args.T, args.L, act, args.configs) if args.family == "mamba2"
+                else _delta(args.batch, args.T, args.L, act, args.configs, kda=kda))
     else:
-        rows = _delta(args.batch, args.T, args.L, act, args.configs, kda=args.family == "kda")
+        rows = (_mamba2_replay(args.batch, args.L, act, sdt, args.configs) if args.family == "mamba2"
+                else _delta_replay(args.batch, args.L, act, sdt, args.configs, kda=kda))
     try:
-        for i, (cfg, res) in enumerate(rows):
-            print(f"{'default ' if i == 0 else ''}{cfg}: {res}")
+        for i, (cfg, kernels) in enumerate(rows):
+            print(f"{'default ' if i == 0 else ''}{cfg}:")
+            for name, compiled in kernels:
+                print(f"  {name}: {resources(compiled)}")
+                if args.ops:
+                    print(f"    {sass_ops(compiled)}")
     except BadConfig as exc:
         print(f"sm90_resources.py: {exc}", file=sys.stderr)
         return 2
