@@ -48,15 +48,32 @@ def test_bad_input_is_refused_in_one_line(tmp_path):
 
 
 def test_smoke_run_with_8bit_checkpoints(tmp_path):
-    """int8 / fp8 checkpoint rows: replay only, with their time relative to bf16 and memory per sequence."""
+    """int8 / fp8 checkpoint rows: replay and a baseline tree that reads scales (this checkout's), no
+    per-step kernel, with their time relative to bf16 and memory per sequence."""
     out = tmp_path / "bench8"
     proc = subprocess.run([sys.executable, SCRIPT, "--smoke", "--family", "mamba2", "--dtypes",
-                           "float32,bfloat16,int8,float8_e4m3fn", "--out", str(out)],
-                          capture_output=True, text=True, timeout=900)
+                           "float32,bfloat16,int8,float8_e4m3fn", "--baseline-tree", str(ROOT / "kernels"),
+                           "--out", str(out)], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {r["checkpoint"]: r for r in json.loads((out / "kernels.json").read_text())["rows"]}
-    assert set(rows["int8"]["us"]) == {"replay"} and "vs_bf16" in rows["int8"]
+    assert set(rows["int8"]["us"]) == {"replay", "baseline"} and "vs_bf16" in rows["int8"]
+    assert set(rows["bfloat16"]["us"]) == {"replay", "baseline", "step"}
     assert rows["int8"]["mem_vs"]["bfloat16"] < 1 and rows["float8_e4m3fn"]["mem_vs"]["float32"] < 0.5
+
+
+def test_baseline_trees_without_scales_are_told_apart():
+    """A baseline tree older than the 8-bit checkpoints (no ``state_scale``) is not timed on them."""
+    sys.path.insert(0, str(ROOT / "examples" / "benchmarks"))
+    import types
+
+    import bench_kernels
+
+    import replayssm.kernels.delta as delta
+    import replayssm.kernels.mamba2 as mamba2
+
+    assert bench_kernels.takes_scales(mamba2, "mamba2") and bench_kernels.takes_scales(delta, "delta")
+    old = types.SimpleNamespace(mamba2_replay_decode=lambda x, dt, B, C, state, *rest, backend="auto": None)
+    assert not bench_kernels.takes_scales(old, "mamba2")
 
 
 def test_verify_benchmark_smoke_run(tmp_path):
