@@ -8,10 +8,21 @@ where ``tf32x3`` takes three tf32 products (about 21 bits), each at half the bf1
 import triton
 import triton.language as tl
 
-__all__ = ["SPLIT_PRECISIONS", "bf16_parts", "dot_f32", "dot_split"]
+from .backend import triton_interpreter_on
+
+__all__ = ["SPLIT_PRECISIONS", "bf16_parts", "dot_f32", "dot_precision", "dot_split"]
 
 #: the ``dot_precision`` names of the split products
 SPLIT_PRECISIONS = ("bf16x2", "bf16x3")
+
+
+def dot_precision(requested: str | None) -> str:
+    """The PREC of a product on fp32 operands (``dot_f32``): ``requested``, else ``tf32x3``; ``ieee``
+    under the interpreter in both cases when a split or the default is asked for (it has no tf32, and
+    its bf16 ``tl.dot`` is not exact)."""
+    if triton_interpreter_on() and (requested is None or requested in SPLIT_PRECISIONS):
+        return "ieee"
+    return requested or "tf32x3"
 
 
 @triton.jit

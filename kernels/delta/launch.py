@@ -14,6 +14,7 @@ from .config import LaunchConfig, default_config
 from .programs import IoStrides, Layout, Scratch, Tensors, coef_kernel, flush_kernel, gdn_coef_kernel, output_kernel
 from ..quant import advance_flush_counters, check_quant_args, is_scaled
 from ..quant_triton import state_format
+from ..split_dot import dot_precision
 from .reference import check_shapes
 from .small_batch import small_batch_kernel
 from .step import step_kernel
@@ -136,7 +137,7 @@ def _launch_three(t, io, lay, Bt, cfg, kda, write_idle, qf):
     for row0, n_rows, BB in flush_row_chunks(Bt):
         flush_kernel[(max(1, min(n_prog, n_rows * HV * (1 if cfg.flush_head_items else NVF))),)](
             t, sc, io, lay, row0, n_rows, NVF, KDA=kda, BK=BKF, NK=triton.cdiv(K, BKF), BV=BVF, LP=LP, BB=BB,
-            DOT_PREC="ieee" if interp else "tf32x3", BF16_SPLIT=bf16_split, HEAD_ITEMS=cfg.flush_head_items,
+            DOT_PREC=dot_precision(None), BF16_SPLIT=bf16_split, HEAD_ITEMS=cfg.flush_head_items,
             OUTPUT=fused_flush, PREFETCH=cfg.flush_prefetch, PDL=flush_pdl, **qf,
             num_warps=cfg.flush_warps, num_stages=cfg.flush_stages, **({"launch_pdl": True} if flush_pdl else {}))
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..backend import compiled_in, triton_interpreter_on
+from ..backend import compiled_in
 from ..cursor import cursor_word_counts_arrivals
 from ..quant import QuantStateError, is_scaled
+from ..split_dot import dot_precision
 from .config import VerifyConfig, default_verify_config
 from .programs import Layout, Tensors
 from .verify import check_verify_shapes
@@ -57,7 +58,7 @@ def launch_verify(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, *, 
     tiles = dict(TP=TP, HC=min(triton.next_power_of_2(HV), max(1, 8192 // (TP * BK))), HP=triton.next_power_of_2(HV))
     verify_kernel[(Bt * HV * NV,)](t, io, lay, NV, T, KDA=kda, BK=BK, BV=BV, LP=max(16, triton.next_power_of_2(L)),
                                    WRITE_IDLE=bool(write_idle), ARRIVE=arrive,
-                                   DOT_PREC="ieee" if triton_interpreter_on() else "bf16x3",
+                                   DOT_PREC=dot_precision("bf16x3"),
                                    num_warps=cfg.num_warps, **tiles)
     if not arrive:
         commit_kernel[(Bt,)](t, io, lay, T, KDA=kda, BK=BK, num_warps=cfg.num_warps, **tiles)

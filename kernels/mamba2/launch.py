@@ -8,16 +8,16 @@ import dataclasses
 import torch
 import triton
 
-from ..backend import compiled_in, num_sms, pow2, triton_interpreter_on
+from ..backend import compiled_in, num_sms, pow2
 from ..persistent import FLUSH_ROWS
 from ..quant import advance_flush_counters, check_quant_args, is_scaled
 from ..quant_triton import state_format
-from ..split_dot import SPLIT_PRECISIONS
+from ..split_dot import dot_precision
 from .config import LaunchConfig, StepConfig, default_config, program_split, step_config
 from .programs import Flags, IoStrides, Layout, Tensors, replay_kernel, replay_kernel_dyn
 from .step import step_kernel
 
-__all__ = ["check_arrivals", "dot_precision", "launch_replay", "launch_step", "replay_flags"]
+__all__ = ["check_arrivals", "launch_replay", "launch_step", "replay_flags"]
 
 _COUNTERS: dict = {}
 _COUNTER_KEEP: list = []  # never freed: a captured CUDA graph may still point at an old one
@@ -60,14 +60,6 @@ def _check(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, out):
     if out is not None and out.shape != (Bt, H, P):
         raise ValueError("out must be (B, H, P)")
     return Bt, H, P, N, G, L
-
-
-def dot_precision(requested: str | None) -> str:
-    """Input precision of a ``tl.dot`` on fp32 operands: ``requested``, else ``tf32x3`` (``ieee``
-    under the interpreter, which has no tf32)."""
-    if triton_interpreter_on() and (requested is None or requested in SPLIT_PRECISIONS):
-        return "ieee"  # (its bf16 tl.dot is not exact)
-    return requested or "tf32x3"
 
 
 def uses_lowp_dot(state_dtype: torch.dtype, x_buf_dtype: torch.dtype, B_buf_dtype: torch.dtype) -> bool:

@@ -9,7 +9,8 @@ import torch
 from ..backend import compiled_in, num_sms, pow2
 from ..cursor import cursor_word_counts_arrivals
 from .config import VerifyConfig, program_split, verify_config
-from .launch import _arrival_counter, dot_precision
+from ..split_dot import dot_precision
+from .launch import _arrival_counter
 from .verify import check_verify_shapes, check_verify_state
 from .verify_programs import Flags, IoStrides, Layout, Tensors, verify_kernel
 
