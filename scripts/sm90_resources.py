@@ -26,6 +26,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.runtime import driver
 
+from replayssm.kernels.quant import is_scaled
+
 
 class _Sm90:
     """The calls a launch makes on the active driver before it runs anything."""
@@ -59,6 +61,22 @@ class _Compile:
         def launch(*args, **kwargs):
             self.compiled = self.kernel.warmup(*args, grid=grid, **kwargs)
         return launch
+
+
+def _shim(module, names) -> dict:
+    """Replace each kernel ``names`` of ``module`` by a ``_Compile`` stand-in; returns them by name."""
+    shims = {name: _Compile(getattr(module, name)) for name in names}
+    for name, shim in shims.items():
+        setattr(module, name, shim)
+    return shims
+
+
+def _compiled(shims) -> list:
+    """(name, compiled kernel) of the stand-ins that a launch compiled, and reset them."""
+    out = [(name, s.compiled) for name, s in shims.items() if s.compiled is not None]
+    for s in shims.values():
+        s.compiled = None
+    return out
 
 
 def _cuobjdump(compiled, flag: str) -> str:
@@ -110,7 +128,7 @@ def _mamba2(batch, T, L, act, configs):
     from replayssm.kernels.mamba2 import verify_launch
     from replayssm.kernels.mamba2.config import VerifyConfig, verify_config
 
-    shim = verify_launch.verify_kernel = _Compile(verify_launch.verify_kernel)
+    shims = _shim(verify_launch, ("verify_kernel",))
     H, P, N, G = 96, 80, 128, 8  # nemotron3-nano
     z = torch.zeros
     args = (z(batch, T, H, P, dtype=act), z(batch, T, H, dtype=act), z(batch, T, G, N, dtype=act),
@@ -119,14 +137,14 @@ def _mamba2(batch, T, L, act, configs):
             z(batch, T, H, P, dtype=act), True)
     for cfg in [verify_config(batch, H, P, N, G, 132)] + _parse(configs, VerifyConfig):
         verify_launch.launch_verify(*args, cfg)
-        yield cfg, [("verify_kernel", shim.compiled)]
+        yield cfg, _compiled(shims)
 
 
 def _delta(batch, T, L, act, configs, kda=False):
     from replayssm.kernels.delta import verify_launch
     from replayssm.kernels.delta.config import VerifyConfig, default_verify_config
 
-    shim = verify_launch.verify_kernel = _Compile(verify_launch.verify_kernel)
+    shims = _shim(verify_launch, ("verify_kernel",))
     Hk, HV, K, V = (32, 32, 128, 128) if kda else (16, 32, 128, 128)  # kimi-linear / qwen3.5-4b
     z = torch.zeros
     g = z(batch, T, HV, K) if kda else z(batch, T, HV)
@@ -136,19 +154,17 @@ def _delta(batch, T, L, act, configs, kda=False):
             z(batch, dtype=torch.int32), z(batch, T, HV, V, dtype=act))
     for cfg in [default_verify_config(K, batch, kda)] + _parse(configs, VerifyConfig):
         verify_launch.launch_verify(*args, write_idle=True, config=cfg)
-        yield cfg, [("verify_kernel", shim.compiled)]
+        yield cfg, _compiled(shims)
 
 
 def _mamba2_replay(batch, L, act, sdt, configs):
     from replayssm.kernels.mamba2 import launch
     from replayssm.kernels.mamba2.config import LaunchConfig, default_config
 
-    shims = {name: _Compile(getattr(launch, name)) for name in ("replay_kernel", "replay_kernel_dyn")}
-    for name, shim in shims.items():
-        setattr(launch, name, shim)
+    shims = _shim(launch, ("replay_kernel", "replay_kernel_dyn"))
     H, P, N, G = 128, 64, 128, 8  # nemotron3-super
     z = torch.zeros
-    scaled = sdt in (torch.int8, torch.float8_e4m3fn)
+    scaled = is_scaled(sdt)
     args = (z(batch, H, P, dtype=act), z(batch, H, dtype=act), z(batch, G, N, dtype=act), z(batch, G, N, dtype=act),
             z(batch, H, P, N).to(sdt), z(batch, H, L, P, dtype=act), z(batch, H, L, dtype=act),
             z(batch, G, L, N, dtype=act), z(batch, dtype=torch.int32), z(H), z(H), z(H), None, True,
@@ -156,33 +172,26 @@ def _mamba2_replay(batch, L, act, sdt, configs):
     default = launch.quant_config(default_config(batch, H, P, N, G, L, sdt.itemsize, act.itemsize, 132), N,
                                   scaled, False)  # as the launch widens it
     for cfg in [default] + _parse(configs, LaunchConfig):
-        for shim in shims.values():
-            shim.compiled = None
         launch.launch_replay(*args, config=cfg, state_scale=z(batch, H, P) if scaled else None)
-        yield cfg, [(name, s.compiled) for name, s in shims.items() if s.compiled is not None]
+        yield cfg, _compiled(shims)
 
 
 def _delta_replay(batch, L, act, sdt, configs, kda=False):
     from replayssm.kernels.delta import launch
     from replayssm.kernels.delta.config import LaunchConfig, default_config
 
-    names = ("coef_kernel", "gdn_coef_kernel", "output_kernel", "flush_kernel", "small_batch_kernel")
-    shims = {name: _Compile(getattr(launch, name)) for name in names}
-    for name, shim in shims.items():
-        setattr(launch, name, shim)
+    shims = _shim(launch, ("coef_kernel", "gdn_coef_kernel", "output_kernel", "flush_kernel", "small_batch_kernel"))
     launch.advance_cursor_triton = lambda *a, **k: None  # a separate launch the stand-in cannot run
     Hk, HV, K, V = (32, 32, 128, 128) if kda else (16, 32, 128, 128)  # kimi-linear / qwen3.5-4b
     z = torch.zeros
-    scaled = sdt in (torch.int8, torch.float8_e4m3fn)
+    scaled = is_scaled(sdt)
     args = (z(batch, Hk, K, dtype=act), z(batch, Hk, K, dtype=act), z(batch, HV, V, dtype=act),
             z(batch, HV, K) if kda else z(batch, HV), z(batch, HV), z(batch, HV, K, V).to(sdt),
             z(batch, HV, L, V, dtype=act), z(batch, Hk, L, K, dtype=act), z(batch, HV, L, K) if kda else z(batch, HV, L),
             z(batch, dtype=torch.int32), z(batch, HV, V, dtype=act))
     for cfg in [default_config(batch, K, V, sdt, kda)] + _parse(configs, LaunchConfig):
-        for shim in shims.values():
-            shim.compiled = None
         launch.delta_replay_decode_triton(*args, config=cfg, state_scale=z(batch, HV, V) if scaled else None)
-        yield cfg, [(name, s.compiled) for name, s in shims.items() if s.compiled is not None]
+        yield cfg, _compiled(shims)
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.int8,
