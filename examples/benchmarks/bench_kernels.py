@@ -8,6 +8,9 @@ For each (family, layer shape, batch, checkpoint dtype) it times, on the same da
 * ``baseline`` (``--baseline-tree DIR``): the same public functions of another checkout's ``kernels/``
   directory (e.g. ``git worktree add /tmp/old 3ff9c12``, then ``--baseline-tree /tmp/old/kernels``),
   loaded in this process under another name;
+* with ``--phases``: ``output`` and ``flush``, one step whose rows all take the output-only route
+  (cursors at (L - 1) // 2, mid-cycle) and one whose rows all flush (cursors at L - 1), each less the
+  cursor fill that precedes it;
 * ``step``: our fused per-step kernel (``mamba2_step_decode`` / ``delta_step_decode``);
 * with ``--others``: mamba_ssm's ``selective_state_update`` (its file in ``.bench_vendor/``),
   flash-linear-attention's fused recurrent kernels (fp32 checkpoints, if importable), and
@@ -92,15 +95,12 @@ class Mamba2Cell:
                                 (torch.randn(Bt, G, L, N, device=dev) / math.sqrt(N)).to(ACT), cur.to(dev),
                                 torch.full((Bt, H, P), 0.02, device=dev) if sdt in SCALED else None))
 
-    def replay(self, mod):
-        """Whole L-step cycles of ``mod.mamba2_replay_decode`` on every copy (cursors end where they began)."""
-        def body():
-            for _ in range(self.L):
-                for st, xb, db, bb, cur, sc in self.copies:
-                    kw = {"state_scale": sc} if sc is not None else {}
-                    mod.mamba2_replay_decode(self.x, self.dt, self.B, self.C, st, xb, db, bb, cur, self.A,
-                                             self.dt_bias, self.D, None, True, self.out, backend="triton", **kw)
-        return body, self.L * self.R
+    def call(self, mod, copy):
+        """One step of ``mod.mamba2_replay_decode`` on one checkpoint copy."""
+        st, xb, db, bb, cur, sc = copy
+        kw = {"state_scale": sc} if sc is not None else {}
+        mod.mamba2_replay_decode(self.x, self.dt, self.B, self.C, st, xb, db, bb, cur, self.A,
+                                 self.dt_bias, self.D, None, True, self.out, backend="triton", **kw)
 
     def step(self, mod, n=4):
         def body():
@@ -176,13 +176,11 @@ class DeltaCell:
     def inputs(self):
         return self.q, self.k, self.v, self.g, self.beta
 
-    def replay(self, mod):
-        def body():
-            for _ in range(self.L):
-                for *bufs, sc in self.copies:
-                    kw = {"state_scale": sc} if sc is not None else {}
-                    mod.delta_replay_decode(*self.inputs(), *bufs, self.out, backend="triton", **kw)
-        return body, self.L * self.R
+    def call(self, mod, copy):
+        """One step of ``mod.delta_replay_decode`` on one checkpoint copy."""
+        *bufs, sc = copy
+        kw = {"state_scale": sc} if sc is not None else {}
+        mod.delta_replay_decode(*self.inputs(), *bufs, self.out, backend="triton", **kw)
 
     def step(self, mod, n=8):
         def body():
@@ -227,6 +225,30 @@ class DeltaCell:
 
 
 # ----------------------------------------------------------------------------- timing
+
+#: ``--phases`` columns: a step whose rows all take the output-only route, and one whose rows all flush
+PHASES = ("output", "flush")
+
+
+def replay_body(cell, mod):
+    """Whole L-step cycles of ``cell.call`` on every copy (cursors end where they began)."""
+    def body():
+        for _ in range(cell.L):
+            for copy in cell.copies:
+                cell.call(mod, copy)
+    return body, cell.L * cell.R
+
+
+def phase_body(cell, mod, cursor: int | None):
+    """One step per copy with every row's cursor first set to ``cursor`` (L - 1: every row flushes;
+    below: the output-only route over ``cursor`` ring entries); ``None``: the cursor fills alone."""
+    def body():
+        for copy in cell.copies:
+            copy[4].fill_(0 if cursor is None else cursor)
+            if cursor is not None:
+                cell.call(mod, copy)
+    return body, cell.R
+
 
 def copy_bandwidth(dev) -> float:
     """Device-to-device copy bandwidth in bytes/s, counting bytes read + written (1 GiB each way)."""
@@ -276,10 +298,13 @@ def takes_scales(mod, family: str) -> bool:
 def bench_cell(family, name, shape, Bt, sdt, args, mods, extra, dev):
     cell = (Mamba2Cell if family == "mamba2" else DeltaCell)(shape, Bt, sdt, args.L, dev, args.stagger,
                                                              R=1 if args.smoke else None)
-    bodies = {"replay": (*cell.replay(mods["replay"][family]), False)}
+    bodies = {"replay": (*replay_body(cell, mods["replay"][family]), False)}
     scaled = sdt in SCALED  # only the replay kernels read and write scaled checkpoints
     if "baseline" in mods and (not scaled or takes_scales(mods["baseline"][family], family)):
-        bodies["baseline"] = (*cell.replay(mods["baseline"][family]), False)
+        bodies["baseline"] = (*replay_body(cell, mods["baseline"][family]), False)
+    if args.phases:
+        for phase, cursor in (("output", (cell.L - 1) // 2), ("flush", cell.L - 1), ("fill", None)):
+            bodies[phase] = (*phase_body(cell, mods["replay"][family], cursor), False)
     if not scaled:
         bodies["step"] = (*cell.step(mods["replay"][family]), False)
     if args.others and not scaled:
@@ -293,6 +318,10 @@ def bench_cell(family, name, shape, Bt, sdt, args, mods, extra, dev):
         if us is not None:
             times["fla"] = [us]
     med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    if args.phases:  # a phase step without its cursor fill
+        fill = med.pop("fill")
+        med.update({k: med[k] - fill for k in ("output", "flush")})
+        times.pop("fill")
     replay_b, step_b = cell.floors()
     ref = "baseline" if "baseline" in med else "replay"
     floor = {"replay": replay_b, "baseline": replay_b}
@@ -301,7 +330,8 @@ def bench_cell(family, name, shape, Bt, sdt, args, mods, extra, dev):
                 achieved_TBps=round(replay_b / (med["replay"] * 1e-6) / 1e12, 3),
                 us={k: round(v, 3) for k, v in med.items()},
                 speed_vs_ref={k: round(med[ref] / v, 4) for k, v in med.items()},
-                frac_floor={k: float(f"{floor.get(k, step_b) / args.copy_bw * 1e6 / v:.4g}") for k, v in med.items()},
+                frac_floor={k: float(f"{floor.get(k, step_b) / args.copy_bw * 1e6 / v:.4g}") for k, v in med.items()
+                            if k not in PHASES},
                 rounds=times)
 
 
@@ -360,6 +390,8 @@ def parse(argv):
     ap.add_argument("--reps", type=int, default=3, help="interleaved timing rounds (median kept)")
     ap.add_argument("--stagger", action="store_true",
                     help="row b starts at cursor b %% L (1/L of the rows flush at every step) instead of all at 0")
+    ap.add_argument("--phases", action="store_true",
+                    help="also time the replay's output-only step (cursors at (L - 1) // 2) and its flush step apart")
     ap.add_argument("--baseline-tree", help="another checkout's kernels/ directory, timed beside this one")
     ap.add_argument("--others", action="store_true", help="also mamba_ssm, flash-linear-attention, transformers")
     ap.add_argument("--out", default="out/bench")

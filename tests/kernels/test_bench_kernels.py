@@ -61,6 +61,42 @@ def test_smoke_run_with_8bit_checkpoints(tmp_path):
     assert rows["int8"]["mem_vs"]["bfloat16"] < 1 and rows["float8_e4m3fn"]["mem_vs"]["float32"] < 0.5
 
 
+def test_phases_time_the_output_only_and_flush_steps_apart(tmp_path):
+    """``--phases`` adds the output-only and flush steps as their own columns (not in the byte-floor
+    fractions, which are per cycle)."""
+    out = tmp_path / "phases"
+    proc = subprocess.run([sys.executable, SCRIPT, "--smoke", "--family", "delta", "--shapes", "smoke-gdn",
+                           "--dtypes", "int8", "--phases", "--out", str(out)], capture_output=True, text=True,
+                          timeout=900, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (row,) = json.loads((out / "kernels.json").read_text())["rows"]
+    assert set(row["us"]) == {"replay", "output", "flush"} and min(row["us"].values()) > 0
+    assert set(row["frac_floor"]) == {"replay"}
+    assert "`output`" in (out / "kernels.md").read_text()
+
+
+def test_phase_cursors_take_the_intended_routes():
+    """The phase bodies set every row's cursor first: L - 1 flushes (the checkpoint changes, cursors
+    wrap to 0), mid-cycle does not (checkpoint untouched, cursors advance by one)."""
+    sys.path.insert(0, str(ROOT / "examples" / "benchmarks"))
+    import bench_kernels as bench
+    import torch
+
+    from replayssm.kernels import delta
+
+    cell = bench.DeltaCell(bench.SMOKE_SHAPES["delta"]["smoke-gdn"], 2, torch.float32, 4, torch.device("cpu"),
+                           False, R=1)
+    cell.call = lambda mod, copy: mod.delta_replay_decode(*cell.inputs(), *copy[:5], cell.out, backend="torch")
+    state, cursor = cell.copies[0][0], cell.copies[0][4]
+    before = state.clone()
+    body, steps = bench.phase_body(cell, delta, 1)
+    body()
+    assert steps == 1 and torch.equal(state, before) and cursor.tolist() == [2, 2]
+    body, _ = bench.phase_body(cell, delta, 3)
+    body()
+    assert not torch.equal(state, before) and cursor.tolist() == [0, 0]
+
+
 def test_baseline_trees_without_scales_are_told_apart():
     """A baseline tree older than the 8-bit checkpoints (no ``state_scale``) is not timed on them."""
     sys.path.insert(0, str(ROOT / "examples" / "benchmarks"))
