@@ -8,6 +8,14 @@ layout) and x's dtype; bias (N,) or None. Products and sums are fp32, rounded on
 left to cuBLAS, which was faster there (a tensor-core form of this kernel included); the patch
 calls it with one row (``patches/fused_linear.py``).
 
+``linear_small_batch_group(x, weights, biases=None)``: 1 to ``GROUP_MAX`` (4) weights (N_i, K)
+sharing x (the q/k/v/gate projections of one layer, say), their columns side by side in one output
+(..., sum N_i), as F.linear on their concatenation gives: one launch instead of one per weight in
+the decode step, and no copy of the weights (each program picks its weight by its column block).
+``linear_small_batch_gated(x, gate_weight, up_weight, activation="silu")``: a gated MLP's
+act(x @ gate.T) * (x @ up.T) in one launch, the activation and product taken on the fp32 sums
+and rounded once, instead of two GEMVs, an activation and a product, each rounding to x's dtype.
+
 Each program owns ``block_n`` output columns (weight rows) and every row of x: it walks its
 share of K in ``block_k`` tiles, each weight tile loaded once, coalesced along K, for all M rows,
 and accumulates fp32 FMAs in a (rows, block_n, block_k) tile summed over K once at the end. When N
@@ -23,7 +31,10 @@ The PyTorch reference (``F.linear``) is the CPU path.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -33,11 +44,17 @@ import triton.language as tl
 
 from .backend import is_pow2, num_sms, resolve_backend
 
-__all__ = ["M_MAX", "LaunchConfig", "default_config", "linear_small_batch", "linear_small_batch_reference",
-           "split_plan"]
+__all__ = ["ACTIVATIONS", "GROUP_MAX", "M_MAX", "LaunchConfig", "default_config", "linear_small_batch",
+           "linear_small_batch_gated", "linear_small_batch_gated_reference", "linear_small_batch_gated_triton",
+           "linear_small_batch_group", "linear_small_batch_group_reference", "linear_small_batch_group_triton",
+           "linear_small_batch_reference", "split_plan"]
 
 #: the most rows of x the kernel takes (its FMA accumulator grows with the rows)
 M_MAX = 2
+#: the most weights one grouped launch takes (the kernel's weight pointers)
+GROUP_MAX = 4
+#: the gated form's activations (fp32, on the unrounded gate sums), by name
+ACTIVATIONS = {"silu": F.silu, "gelu_tanh": functools.partial(F.gelu, approximate="tanh"), "relu": F.relu}
 #: fp32 accumulator registers per thread of an FMA program (all rows)
 _FMA_ACC_REGS = 32
 #: weights smaller than this are never split: the partial sums' second launch costs about as much
@@ -125,45 +142,117 @@ def linear_small_batch_reference(x: torch.Tensor, weight: torch.Tensor, bias: to
     return F.linear(x, weight, bias)
 
 
+def _cat_biases(biases: Sequence[torch.Tensor | None] | None) -> torch.Tensor | None:
+    """The grouped launch's one bias (sum N_i,): the small biases concatenated, or None."""
+    if biases is None or biases[0] is None:
+        return None
+    return biases[0] if len(biases) == 1 else torch.cat(tuple(biases))
+
+
+def linear_small_batch_group_reference(x: torch.Tensor, weights: Sequence[torch.Tensor],
+                                       biases: Sequence[torch.Tensor | None] | None = None) -> torch.Tensor:
+    """PyTorch reference of ``linear_small_batch_group`` (the CPU path): F.linear on the concatenation."""
+    return F.linear(x, torch.cat(tuple(weights)), _cat_biases(biases))
+
+
+def linear_small_batch_gated_reference(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor,
+                                       activation: str = "silu") -> torch.Tensor:
+    """PyTorch reference of ``linear_small_batch_gated`` (the CPU path): what the kernel promises, fp32 sums, the
+    activation and product in fp32, one rounding to x's dtype."""
+    xf = x.float()
+    return (ACTIVATIONS[activation](F.linear(xf, gate_weight.float())) * F.linear(xf, up_weight.float())).to(x.dtype)
+
+
+@triton.jit
+def _next_weight(pid_n, weight, stride_wn, col_lo, col_hi, first, w_next, stride_next, hi_next, BLOCK_N: tl.constexpr):
+    """(weight, row stride, its first and end output column, its first column block) of column block ``pid_n``:
+    the next weight's once ``pid_n`` is past the current one's cdiv(col_hi - col_lo, BLOCK_N) blocks (scalar
+    selects; a block never straddles two weights)."""
+    first_next = first + tl.cdiv(col_hi - col_lo, BLOCK_N)
+    take = pid_n >= first_next
+    return (tl.where(take, w_next, weight), tl.where(take, stride_next, stride_wn), tl.where(take, col_hi, col_lo),
+            tl.where(take, hi_next, col_hi), tl.where(take, first_next, first))
+
+
+@triton.jit
+def _load_k_tile(ptrs, k, offs_k, K, EVEN_K: tl.constexpr):
+    """The (rows, BLOCK_K) tile at ``k`` of ``ptrs`` in fp32, zero past K."""
+    if EVEN_K:
+        tile = tl.load(ptrs + k)
+    else:
+        tile = tl.load(ptrs + k, mask=((k + offs_k) < K)[None, :], other=0.0)
+    return tile.to(tl.float32)
+
+
+@triton.jit
+def _activate(g, ACTIVATION: tl.constexpr):
+    """act(g) in fp32: silu g sigmoid(g); gelu_tanh g sigmoid(2 sqrt(2/pi) (g + 0.044715 g^3)), which is
+    0.5 g (1 + tanh(sqrt(2/pi) (...))); relu."""
+    if ACTIVATION == "silu":
+        y = g * tl.sigmoid(g)
+    elif ACTIVATION == "gelu_tanh":
+        y = g * tl.sigmoid(1.5957691216057308 * (g + 0.044715 * g * g * g))
+    else:
+        y = tl.maximum(g, 0.0)
+    return y
+
+
 @triton.heuristics({
     "EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0,
     "HAS_BIAS": lambda args: args["bias"] is not None,
     "PARTIAL": lambda args: args["partial"] is not None,
 })
 @triton.jit
-def _linear_small_batch_kernel(x, weight, bias, out, partial, M, N, K, k_per_program, stride_xm, stride_wn,
-                               stride_om, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                               NUM_STAGES: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-                               PARTIAL: tl.constexpr):
+def _linear_small_batch_kernel(x, w0, w1, w2, w3, bias, out, partial, M, N, K, k_per_program, stride_xm, stride_w0,
+                               stride_w1, stride_w2, stride_w3, n1, n2, n3, stride_om, BLOCK_M: tl.constexpr,
+                               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
+                               NUM_WEIGHTS: tl.constexpr, ACTIVATION: tl.constexpr, EVEN_K: tl.constexpr,
+                               HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr):
+    """Columns [0, n1) of out from w0, [n1, n2) from w1, [n2, n3) from w2, [n3, N) from w3 (the first
+    NUM_WEIGHTS; n_i the cumulative ends); with ACTIVATION (gated: NUM_WEIGHTS 1, no split) act(x @ w0.T) *
+    (x @ w1.T) instead."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
+    weight, stride_wn, col_lo, col_hi, first = w0, stride_w0, 0, n1, 0
+    if NUM_WEIGHTS > 1:
+        weight, stride_wn, col_lo, col_hi, first = _next_weight(pid_n, weight, stride_wn, col_lo, col_hi, first,
+                                                                w1, stride_w1, n2, BLOCK_N)
+    if NUM_WEIGHTS > 2:
+        weight, stride_wn, col_lo, col_hi, first = _next_weight(pid_n, weight, stride_wn, col_lo, col_hi, first,
+                                                                w2, stride_w2, n3, BLOCK_N)
+    if NUM_WEIGHTS > 3:
+        weight, stride_wn, col_lo, col_hi, first = _next_weight(pid_n, weight, stride_wn, col_lo, col_hi, first,
+                                                                w3, stride_w3, N, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_c = (pid_n - first) * BLOCK_N + tl.arange(0, BLOCK_N)  # rows of this block's weight
+    offs_n = col_lo + offs_c  # their output columns
     offs_k = tl.arange(0, BLOCK_K)
-    # rows past M and columns past N load the last valid one again (unmasked loads); stores are masked
+    # rows past M and columns past the weight's load the last valid one again (unmasked loads); stores are masked
     x_rows = tl.minimum(offs_m, M - 1)
-    w_rows = tl.minimum(offs_n, N - 1).to(tl.int64)
+    w_rows = tl.minimum(offs_c, col_hi - col_lo - 1).to(tl.int64)
     x_ptrs = x + x_rows[:, None] * stride_xm + offs_k[None, :]
     w_ptrs = weight + w_rows[:, None] * stride_wn + offs_k[None, :]
     k_lo = pid_k * k_per_program
     k_hi = tl.minimum(k_lo + k_per_program, K)
     acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    if ACTIVATION is not None:  # gated: the up weight's tile of the same columns, its own accumulator
+        u_ptrs = w1 + w_rows[:, None] * stride_w1 + offs_k[None, :]
+        acc_up = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
-        if EVEN_K:
-            w = tl.load(w_ptrs + k)
-            xk = tl.load(x_ptrs + k)
-        else:
-            in_k = (k + offs_k) < K
-            w = tl.load(w_ptrs + k, mask=in_k[None, :], other=0.0)
-            xk = tl.load(x_ptrs + k, mask=in_k[None, :], other=0.0)
-        acc += xk.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+        w = _load_k_tile(w_ptrs, k, offs_k, K, EVEN_K)
+        xk = _load_k_tile(x_ptrs, k, offs_k, K, EVEN_K)
+        acc += xk[:, None, :] * w[None, :, :]
+        if ACTIVATION is not None:
+            acc_up += xk[:, None, :] * _load_k_tile(u_ptrs, k, offs_k, K, EVEN_K)[None, :, :]
     y = tl.sum(acc, axis=2)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if ACTIVATION is not None:
+        y = _activate(y, ACTIVATION) * tl.sum(acc_up, axis=2)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < col_hi)
     if PARTIAL:
         tl.store(partial + (pid_k * M + offs_m[:, None]) * N + offs_n[None, :], y, mask=mask)
     else:
         if HAS_BIAS:
-            y += tl.load(bias + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+            y += tl.load(bias + offs_n, mask=offs_n < col_hi, other=0.0).to(tl.float32)[None, :]
         tl.store(out + offs_m[:, None] * stride_om + offs_n[None, :], y.to(out.dtype.element_ty), mask=mask)
 
 
@@ -183,32 +272,47 @@ def _split_sum_kernel(partial, bias, out, M, N, splits, stride_om, BLOCK: tl.con
 
 
 @functools.lru_cache(maxsize=4096)
-def _launch_plan(N: int, K: int, M: int, itemsize: int, n_sm: int, config: LaunchConfig | None):
-    """(config, K splits, K per program, BLOCK_M) of one call, worked out once per shape."""
-    cfg = config or default_config(N, K, M, itemsize, n_sm)
+def _launch_plan(widths: tuple[int, ...], K: int, M: int, itemsize: int, n_sm: int, config: LaunchConfig | None,
+                 gated: bool = False):
+    """(config, cumulative column ends, column blocks, K splits, K per program, BLOCK_M) of one call over weights
+    of ``widths`` rows, worked out once per shape. The gated form plans for 2 M rows (its two accumulators take
+    their registers) and never splits K (the sum launch would need the activation)."""
+    ends = tuple(itertools.accumulate(widths))
+    cfg = config or default_config(ends[-1], K, 2 * M if gated else M, itemsize, n_sm)
+    if gated and cfg.split_k > 1:
+        cfg = dataclasses.replace(cfg, split_k=1)
     splits, k_per_program = split_plan(K, cfg)
-    return cfg, splits, k_per_program, triton.next_power_of_2(M)
+    blocks = sum(_cdiv(n, cfg.block_n) for n in widths)  # each weight its own column blocks
+    return cfg, ends, blocks, splits, k_per_program, triton.next_power_of_2(M)
 
 
-def linear_small_batch_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                              config: LaunchConfig | None = None) -> torch.Tensor:
-    """The Triton path of ``linear_small_batch`` without its checks (the patched modules' per-call
-    path, which checks the inputs itself: ``patches/fused_linear.py``)."""
-    N, K = weight.shape
+def _launch(x: torch.Tensor, weights: Sequence[torch.Tensor], bias: torch.Tensor | None, config: LaunchConfig | None,
+            activation: str | None = None) -> torch.Tensor:
+    """One launch (two with split K) over 1 to ``GROUP_MAX`` weights sharing x, their columns side by side
+    (``activation`` None), or act(x @ weights[0].T) * (x @ weights[1].T) (the gated pair)."""
+    K = weights[0].shape[1]
+    group = weights if activation is None else weights[:1]
     x2 = x.reshape(-1, K)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     M = x2.shape[0]
+    widths = tuple(w.shape[0] for w in group)
+    N = sum(widths)
     out = torch.empty((*x.shape[:-1], N), dtype=x.dtype, device=x.device)  # rows of N, contiguous
     if M == 0:
         return out
-    cfg, splits, k_per_program, block_m = _launch_plan(N, K, M, x.element_size(),
-                                                       num_sms(x.device.type, x.device.index), config)
+    cfg, ends, blocks, splits, k_per_program, block_m = _launch_plan(
+        widths, K, M, x.element_size(), num_sms(x.device.type, x.device.index), config, activation is not None)
     partial = torch.empty((splits, M, N), dtype=torch.float32, device=x.device) if splits > 1 else None
-    _linear_small_batch_kernel[(_cdiv(N, cfg.block_n), splits)](
-        x=x2, weight=weight, bias=None if partial is not None else bias, out=out, partial=partial, M=M, N=N, K=K,
-        k_per_program=k_per_program, stride_xm=x2.stride(0), stride_wn=weight.stride(0), stride_om=N,
-        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps)
+    w = (*weights, None, None, None)  # unused pointers (and their strides, ends) are None: never read
+    strides = (*(t.stride(0) for t in weights), None, None, None)
+    n = (*ends, None, None)
+    _linear_small_batch_kernel[(blocks, splits)](
+        x=x2, w0=w[0], w1=w[1], w2=w[2], w3=w[3], bias=None if partial is not None else bias, out=out, partial=partial,
+        M=M, N=N, K=K, k_per_program=k_per_program, stride_xm=x2.stride(0), stride_w0=strides[0],
+        stride_w1=strides[1], stride_w2=strides[2], stride_w3=strides[3], n1=n[0], n2=n[1], n3=n[2], stride_om=N,
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NUM_STAGES=cfg.num_stages,
+        NUM_WEIGHTS=len(group), ACTIVATION=activation, num_warps=cfg.num_warps)
     if partial is not None:
         _split_sum_kernel[(_cdiv(N, _REDUCE_BLOCK), M)](
             partial=partial, bias=bias, out=out, M=M, N=N, splits=splits, stride_om=N, BLOCK=_REDUCE_BLOCK,
@@ -216,23 +320,94 @@ def linear_small_batch_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch
     return out
 
 
+def linear_small_batch_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                              config: LaunchConfig | None = None) -> torch.Tensor:
+    """The Triton path of ``linear_small_batch`` without its checks (the patched modules' per-call
+    path, which checks the inputs itself: ``patches/fused_linear.py``)."""
+    return _launch(x, (weight,), bias, config)
+
+
+def linear_small_batch_group_triton(x: torch.Tensor, weights: Sequence[torch.Tensor],
+                                    biases: Sequence[torch.Tensor | None] | None = None,
+                                    config: LaunchConfig | None = None) -> torch.Tensor:
+    """The Triton path of ``linear_small_batch_group`` without its checks (a decode step's per-call path)."""
+    return _launch(x, weights, _cat_biases(biases), config)
+
+
+def linear_small_batch_gated_triton(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor,
+                                    activation: str = "silu", config: LaunchConfig | None = None) -> torch.Tensor:
+    """The Triton path of ``linear_small_batch_gated`` without its checks (a decode step's per-call path)."""
+    return _launch(x, (gate_weight, up_weight), None, config, activation)
+
+
+def _check_inputs(fn: str, x: torch.Tensor, weights: Sequence[torch.Tensor], names: Sequence[str],
+                  biases: Sequence[torch.Tensor | None]) -> None:
+    """The public entries' checks (ValueError, one line each): x (..., K), at most ``M_MAX`` rows; each weight
+    (N_i, K) with unit stride along K on x's device; one dtype among bf16, fp16, fp32; biases None or (N_i,)."""
+    for w, name in zip(weights, names, strict=True):
+        if w.dim() != 2 or x.dim() < 1 or x.shape[-1] != w.shape[1] or w.shape[1] == 0 or w.stride(-1) != 1:
+            raise ValueError(f"{fn} expects x (..., K) and {name} (N, K), K >= 1, with unit stride along K; got x "
+                             f"{tuple(x.shape)}, {name} {tuple(w.shape)} with strides {tuple(w.stride())}")
+        if w.device != x.device:
+            raise ValueError(f"{fn} expects {name} on x's device {x.device}; got {w.device}")
+    dtypes = [t.dtype for t in (x, *weights, *biases) if t is not None]
+    if x.dtype not in _KERNEL_DTYPES or any(d != x.dtype for d in dtypes):
+        raise ValueError(f"{fn} expects x, {', '.join(names)} and any bias of one dtype among bf16, fp16, fp32; "
+                         f"got {', '.join(str(d) for d in dtypes)}")
+    for w, b, name in zip(weights, biases, names, strict=True):
+        if b is not None and b.shape != w.shape[:1]:  # weight -> bias, weights[i] -> biases[i]
+            raise ValueError(f"{fn} expects {name.replace('weights', 'biases').replace('weight', 'bias')} (N,) = "
+                             f"({w.shape[0]},); got {tuple(b.shape)}")
+    rows = x.numel() // max(1, x.shape[-1])
+    if rows > M_MAX:
+        raise ValueError(f"{fn} takes at most {M_MAX} rows of x; got {rows} (x {tuple(x.shape)})")
+
+
 def linear_small_batch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                        backend: str = "auto", config: LaunchConfig | None = None) -> torch.Tensor:
     """y = x @ weight.T (+ bias) for at most ``M_MAX`` rows of x (see the module notes); dispatches on
     ``backend`` like the decode kernels. ``config`` overrides ``default_config`` (benchmarks, tests)."""
-    if (weight.dim() != 2 or x.dim() < 1 or x.shape[-1] != weight.shape[1] or weight.shape[1] == 0
-            or weight.stride(-1) != 1):
-        raise ValueError(f"linear_small_batch expects x (..., K) and weight (N, K), K >= 1, with unit stride along "
-                         f"K; got x {tuple(x.shape)}, weight {tuple(weight.shape)} with strides "
-                         f"{tuple(weight.stride())}")
-    if x.dtype not in _KERNEL_DTYPES or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
-        raise ValueError(f"linear_small_batch expects x, weight and bias of one dtype among bf16, fp16, fp32; got "
-                         f"{x.dtype}, {weight.dtype}, {None if bias is None else bias.dtype}")
-    if bias is not None and bias.shape != weight.shape[:1]:
-        raise ValueError(f"linear_small_batch expects bias (N,) = ({weight.shape[0]},); got {tuple(bias.shape)}")
-    rows = x.numel() // max(1, x.shape[-1])
-    if rows > M_MAX:
-        raise ValueError(f"linear_small_batch takes at most {M_MAX} rows of x; got {rows} (x {tuple(x.shape)})")
+    _check_inputs("linear_small_batch", x, (weight,), ("weight",), (bias,))
     if resolve_backend(backend, x.device) == "triton":
         return linear_small_batch_triton(x, weight, bias, config)
     return linear_small_batch_reference(x, weight, bias)
+
+
+def linear_small_batch_group(x: torch.Tensor, weights: Sequence[torch.Tensor],
+                             biases: Sequence[torch.Tensor | None] | None = None, *, backend: str = "auto",
+                             config: LaunchConfig | None = None) -> torch.Tensor:
+    """F.linear(x, cat(weights), cat(biases)) of shape (..., sum N_i) for 1 to ``GROUP_MAX`` weights (N_i, K)
+    sharing x, in one launch and without concatenating the weights (see the module notes); biases None or one
+    per weight, all None or all (N_i,). ``config`` overrides ``default_config(sum N_i, K, M, ...)``."""
+    if not isinstance(weights, (tuple, list)) or not 1 <= len(weights) <= GROUP_MAX:
+        found = f"{len(weights)}" if isinstance(weights, (tuple, list)) else type(weights).__name__
+        raise ValueError(f"linear_small_batch_group expects a tuple or list of 1 to {GROUP_MAX} weights; got {found}")
+    if biases is not None and (not isinstance(biases, (tuple, list)) or len(biases) != len(weights)
+                               or len({b is None for b in biases}) != 1):
+        found = (f"{len(biases)} with {sum(b is None for b in biases)} None" if isinstance(biases, (tuple, list))
+                 else type(biases).__name__)
+        raise ValueError(f"linear_small_batch_group expects biases None or {len(weights)} entries, all None or all "
+                         f"tensors; got {found}")
+    names = [f"weights[{i}]" for i in range(len(weights))]
+    _check_inputs("linear_small_batch_group", x, weights, names, biases or (None,) * len(weights))
+    if resolve_backend(backend, x.device) == "triton":
+        return linear_small_batch_group_triton(x, weights, biases, config)
+    return linear_small_batch_group_reference(x, weights, biases)
+
+
+def linear_small_batch_gated(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor, *,
+                             activation: str = "silu", backend: str = "auto", config: LaunchConfig | None = None
+                             ) -> torch.Tensor:
+    """act(x @ gate_weight.T) * (x @ up_weight.T) of shape (..., N) for weights (N, K) and at most ``M_MAX`` rows
+    of x: fp32 sums, activation and product, one rounding to x's dtype (see the module notes). ``activation``:
+    one of ``ACTIVATIONS``; ``config`` overrides the plan, its ``split_k`` ignored (gated launches never split)."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"linear_small_batch_gated expects activation one of {', '.join(map(repr, ACTIVATIONS))}; "
+                         f"got {activation!r}")
+    if gate_weight.shape != up_weight.shape:
+        raise ValueError(f"linear_small_batch_gated expects gate_weight and up_weight of one shape (N, K); got "
+                         f"{tuple(gate_weight.shape)} and {tuple(up_weight.shape)}")
+    _check_inputs("linear_small_batch_gated", x, (gate_weight, up_weight), ("gate_weight", "up_weight"), (None, None))
+    if resolve_backend(backend, x.device) == "triton":
+        return linear_small_batch_gated_triton(x, gate_weight, up_weight, activation, config)
+    return linear_small_batch_gated_reference(x, gate_weight, up_weight, activation)

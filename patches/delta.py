@@ -27,6 +27,7 @@ from replayssm.kernels.delta import (delta_replay_decode, delta_replay_materiali
 from . import compat, speculative
 from .base import ReplayMixin, apply_padding_mask
 from .cache_state import ReplayBuffers
+from .fused_linear import linear_concat, linear_outputs
 from .fused_norm import gated_norm
 from .kinds import GATED_DELTANET, KDA
 from .quant_state import kernel_args, needs_replay_path
@@ -82,14 +83,13 @@ class ReplayGatedDeltaNetMixer(_DeltaReplayMixin):
         batch, T = h.shape[:2]
         scale = 1.0
         if hasattr(self, "in_proj_qkvz"):  # Qwen3Next: interleaved per key-head group
-            q, k, v, z, b, a = self.fix_query_key_value_ordering(self.in_proj_qkvz(h), self.in_proj_ba(h))
+            q, k, v, z, b, a = self.fix_query_key_value_ordering(*linear_outputs(h, (self.in_proj_qkvz, self.in_proj_ba)))
             mixed = torch.cat([t.reshape(batch, T, -1) for t in (q, k, v)], dim=-1)
         elif hasattr(self, "in_proj_qkv"):  # Qwen3.5, Qwen3.5-MoE, Qwen4Exp
-            mixed = self.in_proj_qkv(h)
-            z, b, a = self.in_proj_z(h), self.in_proj_b(h), self.in_proj_a(h)
+            mixed, z, b, a = linear_outputs(h, (self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a))
         else:  # OlmoHybrid
-            mixed = torch.cat([self.q_proj(h), self.k_proj(h), self.v_proj(h)], dim=-1)
-            z, b, a = self.g_proj(h), self.b_proj(h), self.a_proj(h)
+            mixed = linear_concat(h, (self.q_proj, self.k_proj, self.v_proj))
+            z, b, a = linear_outputs(h, (self.g_proj, self.b_proj, self.a_proj))
             if getattr(self, "allow_neg_eigval", False):
                 scale = 2.0
         return (mixed, z.reshape(batch, T, self.num_v_heads, self.head_v_dim),
@@ -124,7 +124,7 @@ class ReplayKimiDeltaMixer(_DeltaReplayMixin):
         batch, T = hidden_states.shape[:2]
         H, D = self.num_heads, self.head_dim
         h = apply_padding_mask(hidden_states, attention_mask)
-        mixed = torch.cat([self.q_proj(h), self.k_proj(h), self.v_proj(h)], dim=-1)
+        mixed = linear_concat(h, (self.q_proj, self.k_proj, self.v_proj))
         mixed = self._conv_tokens(layer, buffers, mixed, window)
         q, k, v = (t.reshape(batch, T, H, D) for t in torch.split(mixed, [self.qkv_dim] * 3, dim=-1))
         g = self.forget_gate(h).float().reshape(batch, T, H, D)

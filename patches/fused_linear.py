@@ -8,6 +8,13 @@ bandwidth on the decode step's small projections); anything else (eager calls, m
 fp32 models, CPU tensors, autograd, ``torch.compile``, tensor subclasses) runs the module's own forward. fp32 weights keep cuBLAS so that an fp32 model's tokens stay those of
 the stock model. The instance attribute is a ``functools.partial`` of a module-level function, so deep copies and
 pickles of a patched model stay self-contained; ``unfuse_decode_linears`` removes exactly those.
+
+Fewer, larger launches where a step's projections share their input: the patched mixers call
+``linear_outputs`` / ``linear_concat`` (one grouped launch for, e.g., Gated DeltaNet's four input
+projections, where each call would take the kernel), and a gated MLP (``gate_proj``, ``up_proj``,
+``down_proj``, ``act_fn``) gets an instance ``forward`` that runs gate and up as one gated launch
+(activation and product on the fp32 sums) once its first call outside a capture has found, on one
+row, that the module computes ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` exactly.
 """
 
 from __future__ import annotations
@@ -17,7 +24,8 @@ import functools
 import torch
 
 from replayssm.kernels.backend import resolve_backend
-from replayssm.kernels.linear import linear_small_batch_triton
+from replayssm.kernels.linear import (GROUP_MAX, linear_small_batch_gated_triton, linear_small_batch_group_triton,
+                                      linear_small_batch_triton)
 
 #: devices and weight dtypes whose small-batch calls run the kernel
 KERNEL_DEVICES = ("cuda",)
@@ -38,18 +46,96 @@ def _capturing() -> bool:
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def _small_batch_forward(module: torch.nn.Linear, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 (nn.Linear's name)
-    x, params = input, module._parameters  # (not module.weight: __getattr__ costs a µs or more a call)
-    weight, bias = params.get("weight"), params.get("bias")
-    if (weight is not None and weight.dtype in KERNEL_WEIGHT_DTYPES and x.dtype == weight.dtype
+def _takes_kernel(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> bool:
+    """Whether ``F.linear(x, weight, bias)`` runs the kernel (see the module notes)."""
+    return (weight is not None and weight.dtype in KERNEL_WEIGHT_DTYPES and x.dtype == weight.dtype
             and type(x) is torch.Tensor and type(weight) in _PLAIN and (bias is None or type(bias) in _PLAIN)
             and (bias is None or bias.dtype == weight.dtype) and not torch.compiler.is_compiling()
             and x.dim() >= 1 and 0 < x.numel() <= DECODE_ROWS * weight.shape[1] and x.shape[-1] == weight.shape[1]
             and x.device.type in KERNEL_DEVICES and weight.device == x.device and weight.stride(-1) == 1
             and not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
-            and _capturing() and resolve_backend("auto", x.device) == "triton"):
-        return linear_small_batch_triton(x, weight, bias)
+            and _capturing() and resolve_backend("auto", x.device) == "triton")
+
+
+def _small_batch_forward(module: torch.nn.Linear, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 (nn.Linear's name)
+    params = module._parameters  # (not module.weight: __getattr__ costs a µs or more a call)
+    weight, bias = params.get("weight"), params.get("bias")
+    if _takes_kernel(input, weight, bias):
+        return linear_small_batch_triton(input, weight, bias)
+    return type(module).forward(module, input)
+
+
+def _grouped(x: torch.Tensor, modules) -> torch.Tensor | None:
+    """The columns of every module's output, from one launch, or None where a call would not take it
+    (a module not routed here, or a call that any of them would leave to its own forward)."""
+    if not 1 < len(modules) <= GROUP_MAX or not all(_is_ours(m.__dict__.get("forward")) for m in modules):
+        return None
+    params = [m._parameters for m in modules]
+    weights, biases = [p.get("weight") for p in params], [p.get("bias") for p in params]
+    if (any(b is None for b in biases) and any(b is not None for b in biases)) or not all(
+            _takes_kernel(x, w, b) for w, b in zip(weights, biases)):
+        return None
+    return linear_small_batch_group_triton(x, weights, None if biases[0] is None else biases)
+
+
+def linear_outputs(x: torch.Tensor, modules) -> tuple[torch.Tensor, ...]:
+    """``tuple(m(x) for m in modules)`` for linear layers that share their input: one launch for all
+    (the outputs are views of its columns) where each call would take the kernel."""
+    out = _grouped(x, modules)
+    if out is None:
+        return tuple(m(x) for m in modules)
+    return torch.split(out, [m.out_features for m in modules], dim=-1)
+
+
+def linear_concat(x: torch.Tensor, modules) -> torch.Tensor:
+    """``torch.cat([m(x) for m in modules], -1)``, in one launch where each call would take the kernel."""
+    out = _grouped(x, modules)
+    return torch.cat([m(x) for m in modules], dim=-1) if out is None else out
+
+
+# ------------------------------------------------------------------ gated MLPs
+_MLP_ATTR = "_replayssm_gated_mlp"
+
+
+def _activation_name(act: torch.nn.Module) -> str | None:
+    """The kernel activation that computes ``act``, or None."""
+    name = type(act).__name__
+    if isinstance(act, torch.nn.SiLU) or name == "SiLUActivation":
+        return "silu"
+    if isinstance(act, torch.nn.ReLU):
+        return "relu"
+    if name in ("GELUTanh", "NewGELUActivation") or (isinstance(act, torch.nn.GELU) and act.approximate == "tanh"):
+        return "gelu_tanh"
+    return None
+
+
+def _is_gated_mlp(module: torch.nn.Module) -> bool:
+    linears = [getattr(module, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+    return (all(isinstance(m, torch.nn.Linear) for m in linears) and linears[0].bias is None
+            and linears[1].bias is None and linears[0].weight.shape == linears[1].weight.shape
+            and _activation_name(getattr(module, "act_fn", None)) is not None)
+
+
+def _gated_mlp_forward(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The MLP's forward; inside a capture, one gated launch for gate and up (then ``down_proj``). The
+    first call outside a capture checks, on one row, that the module computes
+    ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` exactly; a module that does not keeps its forward."""
+    activation = module.__dict__.get(_MLP_ATTR)
+    gate, up = module.gate_proj, module.up_proj
+    if activation and _is_ours(gate.__dict__.get("forward")) and _is_ours(up.__dict__.get("forward")) and (
+            _takes_kernel(x, gate.weight, None) and _takes_kernel(x, up.weight, None)):
+        return module.down_proj(linear_small_batch_gated_triton(x, gate.weight, up.weight, activation=activation))
+    if activation is None and x.numel() and not (x.is_cuda and _capturing()) and not torch.compiler.is_compiling():
+        row = x.reshape(-1, x.shape[-1])[:1]
+        with torch.no_grad():
+            same = torch.equal(type(module).forward(module, row),
+                               module.down_proj(module.act_fn(gate(row)) * up(row)))
+        module.__dict__[_MLP_ATTR] = _activation_name(module.act_fn) if same else False
     return type(module).forward(module, x)
+
+
+def _is_ours_mlp(forward) -> bool:
+    return isinstance(forward, functools.partial) and forward.func is _gated_mlp_forward
 
 
 def _is_ours(forward) -> bool:
@@ -68,11 +154,15 @@ def fuse_decode_linears(model: torch.nn.Module) -> int:
         if forward is None:
             module.forward = functools.partial(_small_batch_forward, module)
         count += forward is None or _is_ours(forward)
+    for module in model.modules():
+        if _is_gated_mlp(module) and "forward" not in module.__dict__:
+            module.forward = functools.partial(_gated_mlp_forward, module)
     return count
 
 
 def unfuse_decode_linears(model: torch.nn.Module) -> None:
     """Remove the instance ``forward`` that ``fuse_decode_linears`` set (and no other)."""
     for module in model.modules():
-        if _is_ours(module.__dict__.get("forward")):
+        if _is_ours(module.__dict__.get("forward")) or _is_ours_mlp(module.__dict__.get("forward")):
             del module.__dict__["forward"]
+            module.__dict__.pop(_MLP_ATTR, None)

@@ -12,7 +12,8 @@
 * The ``nn.Linear`` layers run a weight-streaming Triton GEMV for one-row CUDA inputs with 16-bit
   weights inside a CUDA-graph capture, i.e. the captured step of a batch-1 graph decode
   (``fused_linear.fuse_decode_linears``); fp32 accumulation like cuBLAS, so outputs differ from its
-  only in the last rounding; fp32 weights keep cuBLAS.
+  only in the last rounding; fp32 weights keep cuBLAS. Projections sharing an input run as one launch
+  there, and a gated MLP's gate and up as one gated launch.
 
 All three are per instance and undone by ``drop_decode_speedups`` (``unpatch``).
 """

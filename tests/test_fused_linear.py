@@ -26,14 +26,26 @@ def _ids(batch=2, length=3, seed=0):
 
 
 def _count_kernel_calls(monkeypatch):
+    """(x's shape, weight) of every weight a kernel launch reads: one, grouped, or gated."""
     calls = []
-    kernel = fused_linear.linear_small_batch_triton
+    single, group, gated = (fused_linear.linear_small_batch_triton, fused_linear.linear_small_batch_group_triton,
+                            fused_linear.linear_small_batch_gated_triton)
 
     def counted(x, weight, bias=None):
         calls.append((tuple(x.shape), weight))
-        return kernel(x, weight, bias)
+        return single(x, weight, bias)
+
+    def counted_group(x, weights, biases=None):
+        calls.extend((tuple(x.shape), w) for w in weights)
+        return group(x, weights, biases)
+
+    def counted_gated(x, gate_weight, up_weight, activation):
+        calls.extend((tuple(x.shape), w) for w in (gate_weight, up_weight))
+        return gated(x, gate_weight, up_weight, activation=activation)
 
     monkeypatch.setattr(fused_linear, "linear_small_batch_triton", counted)
+    monkeypatch.setattr(fused_linear, "linear_small_batch_group_triton", counted_group)
+    monkeypatch.setattr(fused_linear, "linear_small_batch_gated_triton", counted_gated)
     return calls
 
 
@@ -111,11 +123,14 @@ def test_forced_kernel_path_matches_the_module(monkeypatch):
         want = model(ids).logits
     fuse_decode_linears(model)
     try:
+        with torch.no_grad():  # the prefill before a capture: the MLPs' first call checks their form
+            assert torch.equal(model(ids).logits, want)
         calls = _count_kernel_calls(monkeypatch)
         _force_kernel_on_cpu_fp32(monkeypatch)
         with torch.no_grad():
             got = model(ids).logits
         assert {id(w) for _, w in calls} == {id(m.weight) for m in _linears(model)}
+        assert len(calls) == len(_linears(model))  # each weight read once
         assert all(shape[:-1] == (1, 2) for shape, _ in calls)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
         calls.clear()
@@ -215,6 +230,7 @@ def test_torch_compile_traces_through_the_wrapper():
     torch._dynamo.reset()
 
 
+@needs_interpreter
 def test_outside_a_capture_and_above_one_row_the_module_runs(monkeypatch):
     """The kernel runs only for one-row calls inside a CUDA-graph capture (eager launches cost more host
     time than cuBLAS's; more rows were slower than cuBLAS); everything else is the module's forward."""
@@ -233,3 +249,77 @@ def test_outside_a_capture_and_above_one_row_the_module_runs(monkeypatch):
         assert calls == []
         torch.testing.assert_close(lin(x1), torch.nn.functional.linear(x1, lin.weight, lin.bias))
         assert len(calls) == 1
+
+
+class _SwappedMLP(torch.nn.Module):
+    """gate/up/down/act_fn like a gated MLP, computing something else: never fused."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate_proj, self.up_proj = torch.nn.Linear(16, 24, bias=False), torch.nn.Linear(16, 24, bias=False)
+        self.down_proj, self.act_fn = torch.nn.Linear(24, 16, bias=False), torch.nn.SiLU()
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.up_proj(x)) * self.gate_proj(x))
+
+
+@needs_interpreter
+def test_gated_mlp_runs_one_launch_only_where_its_form_checks(monkeypatch):
+    """A gated MLP's gate and up projections are one gated launch inside a capture once its first call
+    (outside a capture) found ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``; a module of the same
+    parts computing something else keeps its forward; unfusing removes both attributes."""
+    model = tiny("qwen3_5")
+    mlp = next(m for m in model.modules() if type(m).__name__.endswith("MLP"))
+    swapped = _SwappedMLP()
+    x = torch.randn(1, 1, mlp.gate_proj.in_features)
+    xs = torch.randn(1, 1, 16)
+    with torch.no_grad():
+        want, want_swapped = mlp(x), swapped(xs)
+        fuse_decode_linears(mlp)
+        fuse_decode_linears(swapped)
+        assert mlp(x).equal(want) and swapped(xs).equal(want_swapped)  # first calls: the checks
+    assert mlp.__dict__[fused_linear._MLP_ATTR] == "silu" and swapped.__dict__[fused_linear._MLP_ATTR] is False
+    calls = _count_kernel_calls(monkeypatch)
+    _force_kernel_on_cpu_fp32(monkeypatch)
+    launches = []
+    gated = fused_linear.linear_small_batch_gated_triton
+    monkeypatch.setattr(fused_linear, "linear_small_batch_gated_triton",
+                        lambda *a, **k: launches.append(a[1:3]) or gated(*a, **k))
+    with torch.no_grad():
+        torch.testing.assert_close(mlp(x), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+        torch.testing.assert_close(swapped(xs), want_swapped, rtol=1e-5, atol=1e-6)
+    assert launches == [(mlp.gate_proj.weight, mlp.up_proj.weight)]
+    assert sorted(id(w) for _, w in calls) == sorted(id(m.weight) for m in _linears(mlp) + _linears(swapped))
+    unfuse_decode_linears(mlp)
+    unfuse_decode_linears(swapped)
+    assert not any(k in m.__dict__ for m in (mlp, swapped) for k in ("forward", fused_linear._MLP_ATTR))
+
+
+@needs_interpreter
+def test_delta_projections_are_one_grouped_launch(monkeypatch):
+    """The Gated DeltaNet layer's four input projections are one launch in a forced one-row decode step,
+    with the step's logits within fp32 rounding of the module path's."""
+    model = tiny("qwen3_5")
+    ids = _ids(batch=1, length=5)
+    replayssm.patch(model, buffer_len=4)
+    try:
+        with torch.no_grad():
+            out = model(ids[:, :4], use_cache=True)
+            cache = out.past_key_values
+            snapshot = copy.deepcopy(cache)
+            want = model(ids[:, 4:], past_key_values=cache, use_cache=True).logits
+        groups = []
+        group = fused_linear.linear_small_batch_group_triton
+        monkeypatch.setattr(fused_linear, "linear_small_batch_group_triton",
+                            lambda x, weights, biases=None: groups.append(weights) or group(x, weights, biases))
+        _force_kernel_on_cpu_fp32(monkeypatch)
+        monkeypatch.setattr(fused_linear, "DECODE_ROWS", 1)
+        with torch.no_grad():
+            got = model(ids[:, 4:], past_key_values=snapshot, use_cache=True).logits
+        mixers = [m for m in model.modules() if hasattr(m, "in_proj_qkv")]
+        assert len(mixers) == 3 and [tuple(map(id, g)) for g in groups] == [
+            tuple(id(getattr(m, n).weight) for n in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"))
+            for m in mixers]
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+    finally:
+        replayssm.unpatch(model)

@@ -12,21 +12,34 @@ pytestmark = pytest.mark.gpu
 
 
 def _count_kernel_calls(monkeypatch):
+    """x's shape and the weights read, per launch: one weight, a group sharing x, or a gated pair."""
     calls = []
-    kernel = fused_linear.linear_small_batch_triton
+    single, group, gated = (fused_linear.linear_small_batch_triton, fused_linear.linear_small_batch_group_triton,
+                            fused_linear.linear_small_batch_gated_triton)
 
     def counted(x, weight, bias=None):
-        calls.append(x.shape)
-        return kernel(x, weight, bias)
+        calls.append((x.shape, (weight,)))
+        return single(x, weight, bias)
+
+    def counted_group(x, weights, biases=None):
+        calls.append((x.shape, tuple(weights)))
+        return group(x, weights, biases)
+
+    def counted_gated(x, gate_weight, up_weight, activation):
+        calls.append((x.shape, (gate_weight, up_weight)))
+        return gated(x, gate_weight, up_weight, activation=activation)
 
     monkeypatch.setattr(fused_linear, "linear_small_batch_triton", counted)
+    monkeypatch.setattr(fused_linear, "linear_small_batch_group_triton", counted_group)
+    monkeypatch.setattr(fused_linear, "linear_small_batch_gated_triton", counted_gated)
     return calls
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h", "kimi_linear"])
 def test_bf16_batch1_graphs_run_the_gemv_and_match_eager(family, monkeypatch):
-    """bf16 greedy decoding of one row, patched: the captured step runs the GEMV on every linear, eager
-    steps keep cuBLAS, and the two agree (tokens up to a near-tie that a rounding may flip)."""
+    """bf16 greedy decoding of one row, patched: the captured step runs the GEMV on every linear (the
+    projections that share an input, and a gated MLP's gate and up, in one launch), eager steps keep
+    cuBLAS, and the two agree (tokens up to a near-tie that a rounding may flip)."""
     model = tiny(family, torch.bfloat16).cuda()
     ids, mask = left_padded_batch(seed=4, batch=1, device="cuda")
     kw = dict(max_new_tokens=24, min_new_tokens=24)
@@ -37,8 +50,11 @@ def test_bf16_batch1_graphs_run_the_gemv_and_match_eager(family, monkeypatch):
         assert calls == []  # eager calls: cuBLAS (the Triton launch costs more host time)
         replayssm.patch(model, buffer_len=4, cuda_graphs=True)
         graphs = generate(model, ids, mask, **kw)  # (its cache is handed back: the pool keeps no slot)
-        n_linear = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
-        assert len(calls) >= n_linear - 1 and all(shape.numel() // shape[-1] == 1 for shape in calls)
+        linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        read = [w for _, weights in calls for w in weights]
+        assert len({id(w) for w in read}) >= len(linears) - 1
+        assert all(shape.numel() // shape[-1] == 1 for shape, _ in calls)
+        assert (len(calls) < len(read)) == (family != "nemotron_h")  # grouped launches where inputs are shared
         assert_close_until_near_tie(graphs, eager, ids.shape[1], tol=0.15)
     finally:
         replayssm.unpatch(model)

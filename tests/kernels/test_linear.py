@@ -8,7 +8,9 @@ import torch.nn.functional as F
 import triton
 
 from replayssm.kernels import linear as linear_mod
-from replayssm.kernels.linear import M_MAX, LaunchConfig, default_config, linear_small_batch, split_plan
+from replayssm.kernels.linear import (ACTIVATIONS, M_MAX, LaunchConfig, default_config, linear_small_batch,
+                                      linear_small_batch_gated, linear_small_batch_gated_reference,
+                                      linear_small_batch_group, split_plan)
 
 needs_triton = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
                                   reason="Triton kernels need TRITON_INTERPRET=1 or a GPU")
@@ -50,6 +52,17 @@ def assert_within_rounding(y, x, w, b):
     excess = {name: ((out.float() - ref).abs() - bound).max().item()
               for name, out in (("kernel", y), ("cuBLAS", F.linear(x, w, b)))}
     assert excess["kernel"] <= 0, f"largest error minus bound: {excess}"
+
+
+def _gated_bound(x, g, u, activation):
+    """fp64 act(x g^T) * (x u^T) and what fp32 sums may move it: 1e-5 of sum |x||g| through act' (at most 1.13)
+    times |x u^T|, plus 1e-5 of sum |x||u| times |act(x g^T)|, plus 1e-6 relative (fp32 activation, product)."""
+    xd, gd, ud = x.double(), g.double(), u.double()
+    gate, up = F.linear(xd, gd), F.linear(xd, ud)
+    act = ACTIVATIONS[activation](gate)
+    bound = (1e-5 * 1.13 * F.linear(xd.abs(), gd.abs()) * up.abs() + 1e-5 * act.abs() * F.linear(xd.abs(), ud.abs())
+             + 1e-6 * (act * up).abs())
+    return act * up, bound
 
 
 CASES = [  # (N, K, leading shape of x, config or None for default_config)
@@ -108,6 +121,132 @@ def test_cpu_path_is_f_linear():
     x, w, b = torch.randn(1, 2, 24), torch.randn(8, 24), torch.randn(8)
     assert torch.equal(linear_small_batch(x, w, b, backend="torch"), F.linear(x, w, b))
     assert linear_small_batch(torch.randn(0, 24), w, backend="torch").shape == (0, 8)
+
+
+#: grouped weights of uneven widths (partial column blocks at every boundary), K = 72 (masked K tail)
+GROUP_WIDTHS, GROUP_K = (3, 26, 17, 32), 72
+#: split K: 5 tiles of 16 over 3 programs, the last one's tile masked; 8-column blocks
+SPLIT = LaunchConfig(block_n=8, block_k=16, num_warps=2, split_k=3)
+
+
+def _group_data(count, bias, seed=0):
+    """x (2, 72) and ``count`` weights (N_i, 72), the odd ones column slices of a wider tensor (own row strides)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, GROUP_K, generator=g)
+    ws = [torch.randn(n, GROUP_K + 28 * (i % 2), generator=g).to(DEVICE)[:, 28 * (i % 2):]
+          for i, n in enumerate(GROUP_WIDTHS[:count])]
+    bs = [torch.randn(n, generator=g).to(DEVICE) for n in GROUP_WIDTHS[:count]] if bias else None
+    return x.to(DEVICE), ws, bs
+
+
+@needs_triton
+@pytest.mark.parametrize("count,bias,cfg", [(c, False, None) for c in (1, 2, 3, 4)]
+                         + [(c, True, SPLIT) for c in (1, 2, 3, 4)] + [(2, True, None), (3, False, SPLIT)])
+def test_group_matches_f_linear_on_the_concatenation(count, bias, cfg, monkeypatch):
+    """Every output column written, from its own weight (widths 3, 26, 17, 32 in blocks of 2 or 8 columns: partial
+    blocks at the boundaries; strided rows), with and without split K and bias."""
+    x, ws, bs = _group_data(count, bias, seed=count)
+    if count > 1:
+        assert ws[1].stride(0) == GROUP_K + 28  # a column slice: its own row stride
+    _poison_empty(monkeypatch)
+    y = linear_small_batch_group(x, ws, bs, backend="triton", config=cfg)
+    assert y.shape == (2, sum(GROUP_WIDTHS[:count])) and not y.isnan().any()
+    assert_matches_fp64(y, x, torch.cat(ws), None if bs is None else torch.cat(bs))
+
+
+@needs_triton
+@pytest.mark.parametrize("bias", [False, True])
+def test_group_of_one_is_linear_small_batch(bias):
+    """The single-weight entry is the 1-weight case of the same kernel: bit for bit, split or not."""
+    x = _group_data(1, bias)[0]
+    w, b = torch.randn(13, GROUP_K).to(DEVICE), None if not bias else torch.randn(13).to(DEVICE)
+    for cfg in (None, SPLIT):
+        assert torch.equal(linear_small_batch_group(x, [w], None if b is None else [b], backend="triton", config=cfg),
+                           linear_small_batch(x, w, b, backend="triton", config=cfg))
+
+
+def test_group_cpu_path_is_f_linear_on_the_concatenation():
+    x, ws, bs = _group_data(3, bias=True)
+    x, ws, bs = x.cpu(), [w.cpu() for w in ws], [b.cpu() for b in bs]
+    assert torch.equal(linear_small_batch_group(x, ws, bs, backend="torch"), F.linear(x, torch.cat(ws), torch.cat(bs)))
+    assert torch.equal(linear_small_batch_group(x, ws, [None] * 3, backend="torch"), F.linear(x, torch.cat(ws)))
+
+
+@needs_triton
+@pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("cfg", [None, LaunchConfig(block_n=8, block_k=32, num_warps=2, split_k=3)])
+def test_gated_matches_its_reference(activation, cfg, monkeypatch):
+    """act(x g^T) * (x u^T) from fp32 sums against the reference (and both against fp64); the up weight a strided
+    column slice; a split_k > 1 config runs unsplit (gated launches never split)."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 1, 100, generator=g).to(DEVICE)
+    gate = (torch.randn(37, 100, generator=g) / 5).to(DEVICE)
+    up = torch.randn(37, 130, generator=g).to(DEVICE)[:, 30:]
+    assert up.stride(0) == 130  # a column slice: its own row stride
+    _poison_empty(monkeypatch)
+    y = linear_small_batch_gated(x, gate, up, activation=activation, backend="triton", config=cfg)
+    ref = linear_small_batch_gated_reference(x, gate, up, activation)
+    want, bound = _gated_bound(x, gate, up, activation)
+    assert y.shape == ref.shape == (2, 1, 37) and y.dtype == ref.dtype == x.dtype and not y.isnan().any()
+    for out in (y, ref):
+        assert bool(((out.double() - want).abs() <= bound + 1e-30).all())
+    if activation == "relu":  # the activation is applied: about half the gate sums are negative
+        assert bool((y == 0).any()) and bool((y != 0).any())
+
+
+@needs_triton
+def test_gated_fp16_rounds_once():
+    """16-bit loads, the activation and product on the fp32 sums, one rounding: within half an ulp (plus fp32
+    error) of the fp32 result; three roundings (two GEMVs, act, product in fp16) need not be."""
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(1, 96, generator=g).half().to(DEVICE)
+    gate, up = ((torch.randn(48, 96, generator=g) / 10).half().to(DEVICE) for _ in range(2))
+    y = linear_small_batch_gated(x, gate, up, backend="triton")
+    want, bound = _gated_bound(x, gate, up, "silu")
+    assert y.dtype == torch.float16
+    assert bool(((y.double() - want).abs() <= HALF_ULP[torch.float16] * want.abs() + bound).all())
+
+
+def test_gated_cpu_path_is_its_reference():
+    x, gate, up = torch.randn(1, 24).bfloat16(), torch.randn(8, 24).bfloat16(), torch.randn(8, 24).bfloat16()
+    y = linear_small_batch_gated(x, gate, up, activation="gelu_tanh", backend="torch")
+    assert y.dtype == torch.bfloat16
+    want = F.gelu(x.float() @ gate.float().T, approximate="tanh") * (x.float() @ up.float().T)
+    assert torch.equal(y, want.bfloat16())
+
+
+def test_gated_plan_never_splits():
+    """(256, 16384) at one row splits K for a plain launch (see below), never for the gated pair."""
+    assert linear_mod._launch_plan((256,), 16384, 1, 2, 132, None, False)[3] > 1
+    assert linear_mod._launch_plan((256,), 16384, 1, 2, 132, None, True)[3] == 1
+
+
+def _w(n=8, k=24):
+    return torch.randn(n, k)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: linear_small_batch_group(torch.randn(2, 24), []), "1 to 4 weights; got 0"),
+    (lambda: linear_small_batch_group(torch.randn(2, 24), [_w()] * 5), "1 to 4 weights; got 5"),
+    (lambda: linear_small_batch_group(torch.randn(2, 24), _w()), "tuple or list .* got Tensor"),
+    (lambda: linear_small_batch_group(torch.randn(2, 24), [_w(), _w(8, 23)]), "weights\\[1\\] \\(N, K\\)"),
+    (lambda: linear_small_batch_group(torch.randn(2, 24), [_w(), _w(24, 8).t()]), "unit stride"),
+    (lambda: linear_small_batch_group(torch.randn(2, 24), [_w(), _w().half()]), "one dtype"),
+    (lambda: linear_small_batch_group(torch.randn(2, 24), [_w(), _w().to("meta")]), "on x's device"),
+    (lambda: linear_small_batch_group(torch.randn(2, 24), [_w(), _w()], [torch.randn(8)]), "2 entries"),
+    (lambda: linear_small_batch_group(torch.randn(2, 24), [_w(), _w()], [torch.randn(8), None]), "all None or all"),
+    (lambda: linear_small_batch_group(torch.randn(2, 24), [_w(), _w(5)], [torch.randn(8)] * 2),
+     "biases\\[1\\] \\(N,\\) = \\(5,\\)"),
+    (lambda: linear_small_batch_group(torch.randn(3, 24), [_w()]), "at most 2 rows of x; got 3"),
+    (lambda: linear_small_batch_gated(torch.randn(1, 24), _w(), _w(9)), "one shape .* \\(8, 24\\) and \\(9, 24\\)"),
+    (lambda: linear_small_batch_gated(torch.randn(1, 24), _w(), _w().half()), "one dtype"),
+    (lambda: linear_small_batch_gated(torch.randn(1, 24), _w(), _w(), activation="gelu"),
+     "'silu', 'gelu_tanh', 'relu'; got 'gelu'"),
+    (lambda: linear_small_batch_gated(torch.randn(3, 24), _w(), _w()), "at most 2 rows"),
+])
+def test_group_and_gated_bad_inputs_raise(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
 
 
 @pytest.mark.parametrize("args,match", [

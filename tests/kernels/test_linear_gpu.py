@@ -4,9 +4,10 @@
 import pytest
 import torch
 
-from replayssm.kernels.linear import LaunchConfig, default_config, linear_small_batch
+from replayssm.kernels.linear import (ACTIVATIONS, LaunchConfig, default_config, linear_small_batch,
+                                      linear_small_batch_gated, linear_small_batch_group)
 
-from test_linear import PRESET_SHAPES, assert_within_rounding
+from test_linear import HALF_ULP, PRESET_SHAPES, _gated_bound, assert_within_rounding
 
 pytestmark = pytest.mark.gpu
 
@@ -68,3 +69,74 @@ def test_cuda_graph_capture_replays_the_eager_result(N, K, M):
         graph.replay()
         want = linear_small_batch(x, w, b, backend="triton")
         assert all(torch.equal(o, want) for o in outs)
+
+
+#: one Qwen3.5-4B-like layer's projections sharing x (K = 2560): q with its gate, k, v and two 32-wide ones
+GROUP_WIDTHS = (8192, 4096, 32, 32)
+
+
+def _group_data(M, bias, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(M, 1, 2560, generator=g, device="cuda").bfloat16()
+    ws = [(torch.randn(n, 2560, generator=g, device="cuda") / 2560 ** 0.5).bfloat16() for n in GROUP_WIDTHS]
+    bs = [torch.randn(n, generator=g, device="cuda").bfloat16() for n in GROUP_WIDTHS] if bias else None
+    return x, ws, bs
+
+
+@pytest.mark.parametrize("cfg", [None, LaunchConfig(block_n=4, block_k=512, num_warps=4, split_k=3)])
+@pytest.mark.parametrize("M,bias", [(1, False), (1, True), (2, True)])
+def test_group_within_rounding(M, bias, cfg):
+    """One launch over four weights (two of 32 columns) within one rounding of the fp32 result on the
+    concatenation, split (5 tiles of 512 over 3 programs) or not; deterministic."""
+    x, ws, bs = _group_data(M, bias)
+    y = linear_small_batch_group(x, ws, bs, backend="triton", config=cfg)
+    assert y.shape == (M, 1, sum(GROUP_WIDTHS))
+    assert_within_rounding(y, x, torch.cat(ws), None if bs is None else torch.cat(bs))
+    assert torch.equal(y, linear_small_batch_group(x, ws, bs, backend="triton", config=cfg))
+
+
+def _gated_data(M, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(M, 1, 2560, generator=g, device="cuda").bfloat16()
+    gate, up = ((torch.randn(9216, 2560, generator=g, device="cuda") / 2560 ** 0.5).bfloat16() for _ in range(2))
+    return x, gate, up
+
+
+@pytest.mark.parametrize("M", [1, 2])
+@pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
+def test_gated_within_rounding(activation, M):
+    """act(x gate^T) * (x up^T) at (9216, 2560) within one rounding of the fp32 result (plus fp32 error);
+    deterministic."""
+    x, gate, up = _gated_data(M)
+    y = linear_small_batch_gated(x, gate, up, activation=activation, backend="triton")
+    want, bound = _gated_bound(x, gate, up, activation)
+    assert y.shape == (M, 1, 9216) and y.dtype == torch.bfloat16
+    excess = ((y.double() - want).abs() - HALF_ULP[torch.bfloat16] * want.abs() - bound).max().item()
+    assert excess <= 0, f"largest error minus bound: {excess}"
+    assert torch.equal(y, linear_small_batch_gated(x, gate, up, activation=activation, backend="triton"))
+
+
+def test_group_and_gated_cuda_graph_capture_replays_the_eager_result():
+    """A grouped call (split and not) and a gated one captured; after new inputs are copied in, a replay gives
+    the eager calls' results bit for bit."""
+    x, ws, bs = _group_data(1, bias=True)
+    _, gate, up = _gated_data(1)
+    split = LaunchConfig(block_n=4, block_k=512, num_warps=4, split_k=3)
+
+    def calls():
+        return (linear_small_batch_group(x, ws, bs, backend="triton"),
+                linear_small_batch_group(x, ws[2:], None, backend="triton", config=split),
+                linear_small_batch_gated(x, gate, up, backend="triton"))
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up (compiles) off the capture
+        calls()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = calls()
+    for seed in (1, 2):
+        x.copy_(_group_data(1, bias=False, seed=seed)[0])
+        graph.replay()
+        assert all(torch.equal(o, w) for o, w in zip(outs, calls(), strict=True))
