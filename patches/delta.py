@@ -83,7 +83,8 @@ class ReplayGatedDeltaNetMixer(_DeltaReplayMixin):
         batch, T = h.shape[:2]
         scale = 1.0
         if hasattr(self, "in_proj_qkvz"):  # Qwen3Next: interleaved per key-head group
-            q, k, v, z, b, a = self.fix_query_key_value_ordering(*linear_outputs(h, (self.in_proj_qkvz, self.in_proj_ba)))
+            qkvz, ba = linear_outputs(h, (self.in_proj_qkvz, self.in_proj_ba))
+            q, k, v, z, b, a = self.fix_query_key_value_ordering(qkvz, ba)
             mixed = torch.cat([t.reshape(batch, T, -1) for t in (q, k, v)], dim=-1)
         elif hasattr(self, "in_proj_qkv"):  # Qwen3.5, Qwen3.5-MoE, Qwen4Exp
             mixed, z, b, a = linear_outputs(h, (self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a))

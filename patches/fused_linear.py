@@ -122,10 +122,12 @@ def _gated_mlp_forward(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor
     ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` exactly; a module that does not keeps its forward."""
     activation = module.__dict__.get(_MLP_ATTR)
     gate, up = module.gate_proj, module.up_proj
-    if activation and _is_ours(gate.__dict__.get("forward")) and _is_ours(up.__dict__.get("forward")) and (
-            _takes_kernel(x, gate.weight, None) and _takes_kernel(x, up.weight, None)):
+    capturing = x.device.type in KERNEL_DEVICES and _capturing()
+    routed = _is_ours(gate.__dict__.get("forward")) and _is_ours(up.__dict__.get("forward"))
+    if (activation and capturing and routed and _takes_kernel(x, gate.weight, None)
+            and _takes_kernel(x, up.weight, None)):
         return module.down_proj(linear_small_batch_gated_triton(x, gate.weight, up.weight, activation=activation))
-    if activation is None and x.numel() and not (x.is_cuda and _capturing()) and not torch.compiler.is_compiling():
+    if activation is None and not capturing and x.numel() and not torch.compiler.is_compiling():
         row = x.reshape(-1, x.shape[-1])[:1]
         with torch.no_grad():
             same = torch.equal(type(module).forward(module, row),
