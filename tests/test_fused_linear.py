@@ -295,11 +295,19 @@ def test_gated_mlp_runs_one_launch_only_where_its_form_checks(monkeypatch):
     assert not any(k in m.__dict__ for m in (mlp, swapped) for k in ("forward", fused_linear._MLP_ATTR))
 
 
+#: per family: the projection groups of one delta-rule mixer, as module attribute names
+_GROUPS = {"qwen3_5": [("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")],
+           "qwen3_next": [("in_proj_qkvz", "in_proj_ba")],
+           "olmo_hybrid": [("q_proj", "k_proj", "v_proj"), ("g_proj", "b_proj", "a_proj")],
+           "kimi_linear": [("q_proj", "k_proj", "v_proj")]}
+
+
 @needs_interpreter
-def test_delta_projections_are_one_grouped_launch(monkeypatch):
-    """The Gated DeltaNet layer's four input projections are one launch in a forced one-row decode step,
-    with the step's logits within fp32 rounding of the module path's."""
-    model = tiny("qwen3_5")
+@pytest.mark.parametrize("family", sorted(_GROUPS))
+def test_delta_projections_are_grouped_launches(family, monkeypatch):
+    """The delta-rule mixers' projections that share their input are one launch per group in a forced
+    one-row decode step, with the step's logits within fp32 rounding of the module path's."""
+    model = tiny(family)
     ids = _ids(batch=1, length=5)
     replayssm.patch(model, buffer_len=4)
     try:
@@ -316,10 +324,9 @@ def test_delta_projections_are_one_grouped_launch(monkeypatch):
         monkeypatch.setattr(fused_linear, "DECODE_ROWS", 1)
         with torch.no_grad():
             got = model(ids[:, 4:], past_key_values=snapshot, use_cache=True).logits
-        mixers = [m for m in model.modules() if hasattr(m, "in_proj_qkv")]
-        assert len(mixers) == 3 and [tuple(map(id, g)) for g in groups] == [
-            tuple(id(getattr(m, n).weight) for n in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"))
-            for m in mixers]
+        mixers = [m for m in model.modules() if hasattr(m, "replay_options") and hasattr(m, _GROUPS[family][0][0])]
+        assert mixers and [tuple(map(id, g)) for g in groups] == [
+            tuple(id(getattr(m, n).weight) for n in names) for m in mixers for names in _GROUPS[family]]
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
     finally:
         replayssm.unpatch(model)
