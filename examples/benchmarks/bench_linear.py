@@ -18,6 +18,11 @@ block, K tile, warps, stages, split): one JSON line per candidate, then a table 
 the default, from which ``default_config``'s rules can be tuned (about 15 candidates a case: take one
 batch size or preset per run, e.g. ``--batches 1``, to stay within a 10-minute command).
 
+``--groups`` times, at one row, the launches a patched batch-1 step makes where projections share their
+input (``patches/delta.py``: Gated DeltaNet / KDA input projections) and for gated MLPs: one grouped or
+gated launch against the same weights as separate Triton launches (plus the MLP's activation and
+product) and as cuBLAS calls; then, per preset, those groups' time in one decode step.
+
 One JSON line per case on stdout, then the tables; ``--out DIR`` also writes ``linear.jsonl`` there.
 GPU only.
 
@@ -57,6 +62,32 @@ def preset_linear_shapes(name: str) -> collections.Counter:
 
     model = build_preset(name, torch.bfloat16, "meta")
     return collections.Counter(tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+#: attribute names of the projections that a patched delta-rule mixer launches as one group
+#: (``patches/delta.py``); looked up on the modules with a ``conv1d`` (the mixers, not attention)
+SHARED_INPUT_GROUPS = (("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"), ("in_proj_qkvz", "in_proj_ba"),
+                       ("q_proj", "k_proj", "v_proj"), ("g_proj", "b_proj", "a_proj"))
+
+
+def preset_launch_groups(name: str) -> collections.Counter:
+    """{(kind, ((N, K), ...)): count} of a preset's grouped launches: kind "shared" (projections of one
+    input) or "gated" (a gated MLP's gate and up), from its model built on the meta device."""
+    from replayssm.patches.fused_linear import _is_gated_mlp
+    from replayssm.presets import build_preset
+
+    model = build_preset(name, torch.bfloat16, "meta")
+    found = collections.Counter()
+    for module in model.modules():
+        if _is_gated_mlp(module):
+            found["gated", (tuple(module.gate_proj.weight.shape), tuple(module.up_proj.weight.shape))] += 1
+        if not isinstance(getattr(module, "conv1d", None), torch.nn.Conv1d):
+            continue
+        for names in SHARED_INPUT_GROUPS:
+            linears = [getattr(module, n, None) for n in names]
+            if all(isinstance(m, torch.nn.Linear) for m in linears):
+                found["shared", tuple(tuple(m.weight.shape) for m in linears)] += 1
+    return found
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -151,6 +182,44 @@ def bench_case(N, K, M, args, dev, bw, l2) -> dict:
     return row
 
 
+class GroupCase(Case):
+    """One group of weights sharing x (one row), R copies of the group (together >= 4x the L2)."""
+
+    def __init__(self, shapes, dtype, dev, l2_bytes):
+        g = torch.Generator(device=dev).manual_seed(0)
+        K = shapes[0][1]
+        self.shapes, self.M = shapes, 1
+        wbytes = sum(n * k for n, k in shapes) * dtype.itemsize
+        self.copies = max(1, min(MAX_COPIES, math.ceil(4 * l2_bytes / wbytes)))
+        self.calls = max(MIN_CALLS, self.copies)
+        self.weights = [[(torch.randn(n, k, generator=g, device=dev) / math.sqrt(k)).to(dtype) for n, k in shapes]
+                        for _ in range(self.copies)]
+        self.x = torch.randn(1, 1, K, generator=g, device=dev).to(dtype)
+        self.bytes = wbytes
+
+
+def group_variants(kind: str) -> dict:
+    """name -> fn(x, weights) of one group's launch forms."""
+    from replayssm.kernels import linear as L
+
+    if kind == "gated":
+        return {"cublas": lambda x, w: F.silu(F.linear(x, w[0])) * F.linear(x, w[1]),
+                "triton": lambda x, w: (F.silu(L.linear_small_batch_triton(x, w[0]))
+                                        * L.linear_small_batch_triton(x, w[1])),
+                "one_launch": lambda x, w: L.linear_small_batch_gated_triton(x, w[0], w[1], activation="silu")}
+    return {"cublas": lambda x, w: [F.linear(x, t) for t in w],
+            "triton": lambda x, w: [L.linear_small_batch_triton(x, t) for t in w],
+            "one_launch": lambda x, w: L.linear_small_batch_group_triton(x, w)}
+
+
+def group_case(kind, shapes, args, dev, bw, l2) -> dict:
+    case = GroupCase(shapes, args.dtype, dev, l2)
+    us = _timed(case, group_variants(kind), args.reps)
+    return {"kind": kind, "shapes": [list(s) for s in shapes], "copies": case.copies, "us": us,
+            "frac_copy_bw": {k: case.bytes / (v * 1e-6) / bw for k, v in us.items()},
+            "vs_separate": us["triton"] / us["one_launch"], "vs_cublas": us["cublas"] / us["one_launch"]}
+
+
 def sweep_case(N, K, M, args, dev, l2, n_sm) -> list[dict]:
     from replayssm.kernels.linear import linear_small_batch
 
@@ -219,6 +288,7 @@ def parse(argv):
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     p.add_argument("--reps", type=int, default=2, help="interleaved timing rounds (median kept)")
     p.add_argument("--sweep", action="store_true", help="time launch candidates per shape instead")
+    p.add_argument("--groups", action="store_true", help="time the grouped and gated launches instead (one row)")
     p.add_argument("--out", default=None, help="also write linear.jsonl (or linear_sweep.jsonl) here")
     args = p.parse_args(argv)
     from replayssm.kernels.linear import M_MAX
@@ -233,6 +303,8 @@ def parse(argv):
         raise UsageError(f"--batches: at most {M_MAX} rows; got {max(args.batches)}")
     if args.reps < 1:
         raise UsageError(f"--reps must be positive; got {args.reps}")
+    if args.sweep and args.groups:
+        raise UsageError("--sweep and --groups are separate runs; pick one")
     args.dtype = DTYPES[args.dtype]
     return args
 
@@ -251,6 +323,8 @@ def main(argv=None) -> int:
     props = torch.cuda.get_device_properties(dev)
     l2 = getattr(props, "L2_cache_size", 0) or 60 << 20
     n_sm = num_sms("cuda", dev.index)
+    if args.groups:
+        return run_groups(args, dev, l2)
     shapes_by_preset = {name: preset_linear_shapes(name) for name in args.presets}
     shapes = sorted({s for c in shapes_by_preset.values() for s in c})
     bw = copy_bandwidth(dev)
@@ -276,6 +350,33 @@ def main(argv=None) -> int:
         print_sweep_table(rows)
     else:
         print_tables(rows, sums, bw)
+    return 0
+
+
+def run_groups(args, dev, l2) -> int:
+    """``--groups``: one row per distinct group, then per preset the groups' time in one decode step."""
+    bw = copy_bandwidth(dev)
+    groups_by_preset = {name: preset_launch_groups(name) for name in args.presets}
+    rows = {}
+    for key in sorted({g for c in groups_by_preset.values() for g in c}):
+        rows[key] = group_case(*key, args, dev, bw, l2)
+        print(json.dumps(rows[key]), flush=True)
+        torch.cuda.empty_cache()
+    print(f"\ncopy bandwidth {bw / 1e12:.2f} TB/s (read + write); one row, µs per group\n")
+    print("| kind | weights (N x K) | cuBLAS | Triton, separate | one launch | vs separate | vs cuBLAS | frac |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows.values():
+        shapes = ", ".join(f"{n}x{k}" for n, k in r["shapes"])
+        print(f"| {r['kind']} | {shapes} | {r['us']['cublas']:.2f} | {r['us']['triton']:.2f} | "
+              f"{r['us']['one_launch']:.2f} | {r['vs_separate']:.2f}x | {r['vs_cublas']:.2f}x | "
+              f"{r['frac_copy_bw']['one_launch']:.0%} |")
+    print("\none decode step's grouped launches (each group's time x its count), µs\n")
+    print("| preset | groups | cuBLAS | Triton, separate | one launch |")
+    print("|---|---:|---:|---:|---:|")
+    for preset, found in groups_by_preset.items():
+        tot = {k: sum(n * rows[g]["us"][k] for g, n in found.items()) for k in ("cublas", "triton", "one_launch")}
+        print(f"| {preset} | {sum(found.values())} | {tot['cublas']:.0f} | {tot['triton']:.0f} | "
+              f"{tot['one_launch']:.0f} |")
     return 0
 
 

@@ -50,7 +50,31 @@ def test_step_sums_weigh_each_shape_by_its_count(bench):
                     for m in (1, 2)]
 
 
+def test_launch_groups_of_the_presets(bench):
+    """The grouped launches a patched batch-1 step makes: Qwen3.5-4B-like's 24 GDN input-projection groups and
+    32 gated MLPs, Kimi-Linear-like's 21 KDA q/k/v groups and 27 gated MLPs, none on the Nemotron-like model."""
+    assert bench.preset_launch_groups("qwen3.5-4b-like") == {
+        ("shared", ((8192, 2560), (4096, 2560), (32, 2560), (32, 2560))): 24,
+        ("gated", ((9216, 2560), (9216, 2560))): 32}
+    assert bench.preset_launch_groups("kimi-linear-like") == {
+        ("shared", ((4096, 2304),) * 3): 21, ("gated", ((9216, 2304), (9216, 2304))): 27}
+    assert bench.preset_launch_groups("nemotron3-nano-like") == {}
+
+
+@pytest.mark.parametrize("kind", ["shared", "gated"])
+def test_group_variants_compute_the_same(bench, kind):
+    """The timed forms of a group (cuBLAS, separate launches, one launch) give one result (fp32, interpreter)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 1, 24, generator=g)
+    weights = [torch.randn(n, 24, generator=g) for n in ((16, 16) if kind == "gated" else (8, 16, 4))]
+    outs = {name: fn(x, weights) for name, fn in bench.group_variants(kind).items()}
+    outs = {name: torch.cat(o, -1) if isinstance(o, list) else o for name, o in outs.items()}
+    for name in ("triton", "one_launch"):
+        torch.testing.assert_close(outs[name], outs["cublas"], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("argv,message", [
+    (["--groups", "--sweep"], "--sweep and --groups are separate runs"),
     (["--batches", "1,x"], "--batches takes comma-separated integers"),
     (["--batches", "1,3"], "--batches: at most 2 rows; got 3"),
     (["--presets", "nope"], "--presets: unknown ['nope']"),
