@@ -27,6 +27,9 @@ python3 -m pytest -m "not gpu" -q $WORKERS ${PYTEST_ARGS:-} $ADAPTIVE 2>&1 | tee
 if [ -z "${SKIP_BENCH:-}" ]; then
   python3 examples/benchmarks/bench_kernels.py --out "$OUT_DIR" ${BENCH_ARGS:-} 2>&1 | tee "$OUT_DIR/bench_kernels.log" || rc=1
   python3 examples/benchmarks/bench_verify.py --out "$OUT_DIR" 2>&1 | tee "$OUT_DIR/bench_verify.log" || rc=1
+  # the batch-1 step's grouped and gated GEMV launches against separate ones
+  python3 examples/benchmarks/bench_linear.py --groups --presets qwen3.5-4b-like,kimi-linear-like 2>&1 \
+    | tee "$OUT_DIR/bench_linear_groups.log" || rc=1
   # speculative decoding in generate(), batch 1: oracle drafter at several acceptance rates, prompt lookup
   python3 examples/benchmarks/bench_speculative.py --preset nemotron3-nano-like --out "$OUT_DIR" 2>&1 \
     | tee "$OUT_DIR/bench_speculative.log" || rc=1
