@@ -12,7 +12,9 @@ So each acceptance rate first runs with the plain continuation as the oracle, ta
 oracle, and repeats until a run reproduces its oracle (``oracle_runs``); ``same_as_plain`` tells whether the
 tokens are the plain run's (always so in fp32, ``--dtype float32``, where any difference fails the run).
 ``forward_ms`` / ``host_ms``: per round, the model forward (synchronised) and the rest of the round, from one
-more run. Writes ``speculative.json`` / ``speculative.md`` to ``--out``.
+more run. ``--profile N`` (CUDA graphs): for the first ``--accept`` value, ``profile_generate.py``'s figures per
+verify round (device-busy time, kernels, the N largest kernels) from one more run. Writes
+``speculative.json`` / ``speculative.md`` to ``--out``.
 
     python examples/benchmarks/bench_speculative.py --preset nemotron3-nano-like --accept 1,0.75,0.5,0.25,0
     python examples/benchmarks/bench_speculative.py --smoke      # tiny model, any machine
@@ -159,6 +161,12 @@ def run(model, ids, args) -> list[dict]:
         with ForwardClock(model) as clock:
             _, clocked, _ = _speculative(model, ids, new, args.draft, oracle, accept, vocab)
         rounds = max(drafter.rounds, 1)
+        if args.profile and graphs and accept == args.accept[0]:
+            from profile_generate import profile_steps
+
+            profiled = profile_steps(model, ids, top=args.profile, run=lambda: _speculative(
+                model, ids, new, args.draft, oracle, accept, vocab))
+            print(json.dumps({"profile_per_round": profiled, "accept": accept}), flush=True)
         rows.append(dict(mode=f"oracle drafter, {args.draft} per round{suffix}", accept=accept,
                          tokens_per_s=_rate(out, ids, seconds), rounds=drafter.rounds,
                          acceptance=round(drafter.agreed / max(drafter.drafted, 1), 3),
@@ -191,6 +199,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="weights and activations")
     ap.add_argument("--max-oracle-runs", type=int, default=8, help="runs to find the speculative continuation")
     ap.add_argument("--out", default="out/bench")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="also profile the verify rounds of the first --accept value, listing N kernels")
     ap.add_argument("--smoke", action="store_true", help="tiny:nemotron_h on this machine, few tokens")
     args = ap.parse_args(argv)
     try:
