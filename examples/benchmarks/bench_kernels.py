@@ -10,7 +10,7 @@ For each (family, layer shape, batch, checkpoint dtype) it times, on the same da
   loaded in this process under another name;
 * with ``--phases``: ``output`` and ``flush``, one step whose rows all take the output-only route
   (cursors at (L - 1) // 2, mid-cycle) and one whose rows all flush (cursors at L - 1), each less the
-  cursor fill that precedes it;
+  cursor fill that precedes it (``baseline_output`` / ``baseline_flush`` for a ``--baseline-tree``);
 * ``step``: our fused per-step kernel (``mamba2_step_decode`` / ``delta_step_decode``);
 * with ``--others``: mamba_ssm's ``selective_state_update`` (its file in ``.bench_vendor/``),
   flash-linear-attention's fused recurrent kernels (fp32 checkpoints, if importable), and
@@ -226,7 +226,8 @@ class DeltaCell:
 
 # ----------------------------------------------------------------------------- timing
 
-#: ``--phases`` columns: a step whose rows all take the output-only route, and one whose rows all flush
+#: ``--phases`` columns (``baseline_`` in front for a ``--baseline-tree``): a step whose rows all take the
+#: output-only route, and one whose rows all flush
 PHASES = ("output", "flush")
 
 
@@ -303,8 +304,11 @@ def bench_cell(family, name, shape, Bt, sdt, args, mods, extra, dev):
     if "baseline" in mods and (not scaled or takes_scales(mods["baseline"][family], family)):
         bodies["baseline"] = (*replay_body(cell, mods["baseline"][family]), False)
     if args.phases:
-        for phase, cursor in (("output", (cell.L - 1) // 2), ("flush", cell.L - 1), ("fill", None)):
-            bodies[phase] = (*phase_body(cell, mods["replay"][family], cursor), False)
+        bodies["fill"] = (*phase_body(cell, mods["replay"][family], None), False)
+        for tree in [t for t in ("replay", "baseline") if t in bodies]:
+            for phase, cursor in (("output", (cell.L - 1) // 2), ("flush", cell.L - 1)):
+                name = phase if tree == "replay" else f"baseline_{phase}"
+                bodies[name] = (*phase_body(cell, mods[tree][family], cursor), False)
     if not scaled:
         bodies["step"] = (*cell.step(mods["replay"][family]), False)
     if args.others and not scaled:
@@ -320,7 +324,7 @@ def bench_cell(family, name, shape, Bt, sdt, args, mods, extra, dev):
     med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
     if args.phases:  # a phase step without its cursor fill
         fill = med.pop("fill")
-        med.update({k: med[k] - fill for k in ("output", "flush")})
+        med.update({k: med[k] - fill for k in med if k.endswith(PHASES)})
         times.pop("fill")
     replay_b, step_b = cell.floors()
     ref = "baseline" if "baseline" in med else "replay"
@@ -331,7 +335,7 @@ def bench_cell(family, name, shape, Bt, sdt, args, mods, extra, dev):
                 us={k: round(v, 3) for k, v in med.items()},
                 speed_vs_ref={k: round(med[ref] / v, 4) for k, v in med.items()},
                 frac_floor={k: float(f"{floor.get(k, step_b) / args.copy_bw * 1e6 / v:.4g}") for k, v in med.items()
-                            if k not in PHASES},
+                            if not k.endswith(PHASES)},
                 rounds=times)
 
 

@@ -62,16 +62,16 @@ def test_smoke_run_with_8bit_checkpoints(tmp_path):
 
 
 def test_phases_time_the_output_only_and_flush_steps_apart(tmp_path):
-    """``--phases`` adds the output-only and flush steps as their own columns (not in the byte-floor
-    fractions, which are per cycle)."""
+    """``--phases`` adds the output-only and flush steps as their own columns, for a baseline tree too
+    (not in the byte-floor fractions, which are per cycle)."""
     out = tmp_path / "phases"
     proc = subprocess.run([sys.executable, SCRIPT, "--smoke", "--family", "delta", "--shapes", "smoke-gdn",
-                           "--dtypes", "int8", "--phases", "--out", str(out)], capture_output=True, text=True,
-                          timeout=900, env=ENV)
+                           "--dtypes", "int8", "--phases", "--baseline-tree", str(ROOT / "kernels"), "--out",
+                           str(out)], capture_output=True, text=True, timeout=900, env=ENV)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (row,) = json.loads((out / "kernels.json").read_text())["rows"]
-    assert set(row["us"]) == {"replay", "output", "flush"} and min(row["us"].values()) > 0
-    assert set(row["frac_floor"]) == {"replay"}
+    assert set(row["us"]) == {"replay", "baseline", "output", "flush", "baseline_output", "baseline_flush"}
+    assert min(row["us"].values()) > 0 and set(row["frac_floor"]) == {"replay", "baseline"}
     assert "`output`" in (out / "kernels.md").read_text()
 
 
