@@ -33,10 +33,23 @@ from .kinds import GATED_DELTANET, KDA
 from .quant_state import kernel_args, needs_replay_path
 
 
+#: projections of one input that a one-row decode step launches together (``fused_linear.linear_outputs``
+#: / ``linear_concat``): Qwen3Next's, Qwen3.5's (and Qwen3.5-MoE's, Qwen4Exp's), q/k/v (OlmoHybrid, KDA)
+#: and OlmoHybrid's gate inputs
+QWEN3_NEXT_PROJECTIONS = ("in_proj_qkvz", "in_proj_ba")
+QWEN3_5_PROJECTIONS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+QKV_PROJECTIONS = ("q_proj", "k_proj", "v_proj")
+OLMO_GATE_PROJECTIONS = ("g_proj", "b_proj", "a_proj")
+PROJECTION_GROUPS = (QWEN3_NEXT_PROJECTIONS, QWEN3_5_PROJECTIONS, QKV_PROJECTIONS, OLMO_GATE_PROJECTIONS)
+
+
 class _DeltaReplayMixin(ReplayMixin):
     """Shared decode for both delta-rule kinds; subclasses supply projections and output."""
 
     state_scale_dim = -2  # one scale per (value head, value column) over the key dim
+
+    def _projections(self, names) -> tuple:
+        return tuple(getattr(self, n) for n in names)
 
     def _replay_materialize(self, state, buffers: ReplayBuffers):
         t = buffers.tensors
@@ -82,15 +95,15 @@ class ReplayGatedDeltaNetMixer(_DeltaReplayMixin):
         """h (B, T, hidden) -> mixed_qkv (B, T, conv_dim), gate z (B, T, Hv, dv), b, a (B, T, Hv), beta scale."""
         batch, T = h.shape[:2]
         scale = 1.0
-        if hasattr(self, "in_proj_qkvz"):  # Qwen3Next: interleaved per key-head group
-            qkvz, ba = linear_outputs(h, (self.in_proj_qkvz, self.in_proj_ba))
+        if hasattr(self, QWEN3_NEXT_PROJECTIONS[0]):  # Qwen3Next: interleaved per key-head group
+            qkvz, ba = linear_outputs(h, self._projections(QWEN3_NEXT_PROJECTIONS))
             q, k, v, z, b, a = self.fix_query_key_value_ordering(qkvz, ba)
             mixed = torch.cat([t.reshape(batch, T, -1) for t in (q, k, v)], dim=-1)
-        elif hasattr(self, "in_proj_qkv"):  # Qwen3.5, Qwen3.5-MoE, Qwen4Exp
-            mixed, z, b, a = linear_outputs(h, (self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a))
+        elif hasattr(self, QWEN3_5_PROJECTIONS[0]):  # Qwen3.5, Qwen3.5-MoE, Qwen4Exp
+            mixed, z, b, a = linear_outputs(h, self._projections(QWEN3_5_PROJECTIONS))
         else:  # OlmoHybrid
-            mixed = linear_concat(h, (self.q_proj, self.k_proj, self.v_proj))
-            z, b, a = linear_outputs(h, (self.g_proj, self.b_proj, self.a_proj))
+            mixed = linear_concat(h, self._projections(QKV_PROJECTIONS))
+            z, b, a = linear_outputs(h, self._projections(OLMO_GATE_PROJECTIONS))
             if getattr(self, "allow_neg_eigval", False):
                 scale = 2.0
         return (mixed, z.reshape(batch, T, self.num_v_heads, self.head_v_dim),
@@ -125,7 +138,7 @@ class ReplayKimiDeltaMixer(_DeltaReplayMixin):
         batch, T = hidden_states.shape[:2]
         H, D = self.num_heads, self.head_dim
         h = apply_padding_mask(hidden_states, attention_mask)
-        mixed = linear_concat(h, (self.q_proj, self.k_proj, self.v_proj))
+        mixed = linear_concat(h, self._projections(QKV_PROJECTIONS))
         mixed = self._conv_tokens(layer, buffers, mixed, window)
         q, k, v = (t.reshape(batch, T, H, D) for t in torch.split(mixed, [self.qkv_dim] * 3, dim=-1))
         g = self.forget_gate(h).float().reshape(batch, T, H, D)

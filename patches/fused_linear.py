@@ -68,7 +68,8 @@ def _small_batch_forward(module: torch.nn.Linear, input: torch.Tensor) -> torch.
 def _grouped(x: torch.Tensor, modules) -> torch.Tensor | None:
     """The columns of every module's output, from one launch, or None where a call would not take it
     (a module not routed here, or a call that any of them would leave to its own forward)."""
-    if not 1 < len(modules) <= GROUP_MAX or not all(_is_ours(m.__dict__.get("forward")) for m in modules):
+    if not (x.device.type in KERNEL_DEVICES and _capturing()) or not 1 < len(modules) <= GROUP_MAX or not all(
+            _is_ours(m.__dict__.get("forward")) for m in modules):
         return None
     params = [m._parameters for m in modules]
     weights, biases = [p.get("weight") for p in params], [p.get("bias") for p in params]
@@ -109,7 +110,9 @@ def _activation_name(act: torch.nn.Module) -> str | None:
     return None
 
 
-def _is_gated_mlp(module: torch.nn.Module) -> bool:
+def is_gated_mlp(module: torch.nn.Module) -> bool:
+    """A module with ``gate_proj``, ``up_proj``, ``down_proj`` (``nn.Linear``, gate and up bias-free, of one
+    shape) and an ``act_fn`` the gated kernel computes: what ``fuse_decode_linears`` routes."""
     linears = [getattr(module, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
     return (all(isinstance(m, torch.nn.Linear) for m in linears) and linears[0].bias is None
             and linears[1].bias is None and linears[0].weight.shape == linears[1].weight.shape
@@ -123,9 +126,8 @@ def _gated_mlp_forward(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor
     activation = module.__dict__.get(_MLP_ATTR)
     gate, up = module.gate_proj, module.up_proj
     capturing = x.device.type in KERNEL_DEVICES and _capturing()
-    routed = _is_ours(gate.__dict__.get("forward")) and _is_ours(up.__dict__.get("forward"))
-    if (activation and capturing and routed and _takes_kernel(x, gate.weight, None)
-            and _takes_kernel(x, up.weight, None)):
+    if (activation and capturing and _is_ours(gate.__dict__.get("forward")) and _is_ours(up.__dict__.get("forward"))
+            and _takes_kernel(x, gate.weight, None) and _takes_kernel(x, up.weight, None)):
         return module.down_proj(linear_small_batch_gated_triton(x, gate.weight, up.weight, activation=activation))
     if activation is None and not capturing and x.numel() and not torch.compiler.is_compiling():
         row = x.reshape(-1, x.shape[-1])[:1]
@@ -157,7 +159,7 @@ def fuse_decode_linears(model: torch.nn.Module) -> int:
             module.forward = functools.partial(_small_batch_forward, module)
         count += forward is None or _is_ours(forward)
     for module in model.modules():
-        if _is_gated_mlp(module) and "forward" not in module.__dict__:
+        if is_gated_mlp(module) and "forward" not in module.__dict__:
             module.forward = functools.partial(_gated_mlp_forward, module)
     return count
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import replayssm
+from replayssm.patches import delta as D
 from replayssm.patches import fused_linear
 from replayssm.patches.fused_linear import fuse_decode_linears, unfuse_decode_linears
 
@@ -295,11 +296,9 @@ def test_gated_mlp_runs_one_launch_only_where_its_form_checks(monkeypatch):
     assert not any(k in m.__dict__ for m in (mlp, swapped) for k in ("forward", fused_linear._MLP_ATTR))
 
 
-#: per family: the projection groups of one delta-rule mixer, as module attribute names
-_GROUPS = {"qwen3_5": [("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")],
-           "qwen3_next": [("in_proj_qkvz", "in_proj_ba")],
-           "olmo_hybrid": [("q_proj", "k_proj", "v_proj"), ("g_proj", "b_proj", "a_proj")],
-           "kimi_linear": [("q_proj", "k_proj", "v_proj")]}
+#: per family: the projection groups of one delta-rule mixer
+_GROUPS = {"qwen3_5": [D.QWEN3_5_PROJECTIONS], "qwen3_next": [D.QWEN3_NEXT_PROJECTIONS],
+           "olmo_hybrid": [D.QKV_PROJECTIONS, D.OLMO_GATE_PROJECTIONS], "kimi_linear": [D.QKV_PROJECTIONS]}
 
 
 @needs_interpreter

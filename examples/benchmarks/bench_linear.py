@@ -64,26 +64,21 @@ def preset_linear_shapes(name: str) -> collections.Counter:
     return collections.Counter(tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear))
 
 
-#: attribute names of the projections that a patched delta-rule mixer launches as one group
-#: (``patches/delta.py``); looked up on the modules with a ``conv1d`` (the mixers, not attention)
-SHARED_INPUT_GROUPS = (("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"), ("in_proj_qkvz", "in_proj_ba"),
-                       ("q_proj", "k_proj", "v_proj"), ("g_proj", "b_proj", "a_proj"))
-
-
 def preset_launch_groups(name: str) -> collections.Counter:
     """{(kind, ((N, K), ...)): count} of a preset's grouped launches: kind "shared" (projections of one
     input) or "gated" (a gated MLP's gate and up), from its model built on the meta device."""
-    from replayssm.patches.fused_linear import _is_gated_mlp
+    from replayssm.patches.delta import PROJECTION_GROUPS
+    from replayssm.patches.fused_linear import is_gated_mlp
     from replayssm.presets import build_preset
 
     model = build_preset(name, torch.bfloat16, "meta")
     found = collections.Counter()
     for module in model.modules():
-        if _is_gated_mlp(module):
+        if is_gated_mlp(module):
             found["gated", (tuple(module.gate_proj.weight.shape), tuple(module.up_proj.weight.shape))] += 1
-        if not isinstance(getattr(module, "conv1d", None), torch.nn.Conv1d):
+        if not isinstance(getattr(module, "conv1d", None), torch.nn.Conv1d):  # the mixers, not attention
             continue
-        for names in SHARED_INPUT_GROUPS:
+        for names in PROJECTION_GROUPS:
             linears = [getattr(module, n, None) for n in names]
             if all(isinstance(m, torch.nn.Linear) for m in linears):
                 found["shared", tuple(tuple(m.weight.shape) for m in linears)] += 1
