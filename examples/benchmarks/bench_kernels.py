@@ -307,8 +307,8 @@ def bench_cell(family, name, shape, Bt, sdt, args, mods, extra, dev):
         bodies["fill"] = (*phase_body(cell, mods["replay"][family], None), False)
         for tree in [t for t in ("replay", "baseline") if t in bodies]:
             for phase, cursor in (("output", (cell.L - 1) // 2), ("flush", cell.L - 1)):
-                name = phase if tree == "replay" else f"baseline_{phase}"
-                bodies[name] = (*phase_body(cell, mods[tree][family], cursor), False)
+                key = phase if tree == "replay" else f"baseline_{phase}"
+                bodies[key] = (*phase_body(cell, mods[tree][family], cursor), False)
     if not scaled:
         bodies["step"] = (*cell.step(mods["replay"][family]), False)
     if args.others and not scaled:
