@@ -14,7 +14,7 @@ Stored dtypes below fp32:
   (``S0 C``, ``S0^T k``), so the scale multiplies the reduced value once, and a flush tile that
   spans the state dimension holds every vector it scales.
 
-Rounding (``rounding``): nearest (ties away from zero for int8, to even for the float formats), or
+Rounding (``rounding``): nearest (ties to even, every format), or
 stochastic: unbiased, ``Q(x)`` is one of the two neighbours with probability linear in the
 distance. The random bits of element ``i`` of a row's state at a flush come from a hash of (the
 row's seed, the row's flush counter, i): ``state_rng`` (B, 2) int64 holds [seed, counter] per row.
@@ -179,7 +179,9 @@ def round_bits(v: torch.Tensor, dtype: torch.dtype, u: torch.Tensor | None) -> t
     stochastic with the random bits ``u`` (int64 in [0, 2^32), broadcast against ``v``)."""
     v = v.float()
     if dtype == torch.int8:
-        r = 0.5 if u is None else (u >> 8).to(torch.float32) * 2.0 ** -24
+        if u is None:
+            return torch.round(torch.clamp(v, -127.0, 127.0)).to(torch.int8)
+        r = (u >> 8).to(torch.float32) * 2.0 ** -24
         return torch.clamp(torch.floor(v + r), -127.0, 127.0).to(torch.int8)
     if dtype == torch.float8_e4m3fn:
         v = torch.clamp(v, -448.0, 448.0)

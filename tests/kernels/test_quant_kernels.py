@@ -41,6 +41,22 @@ def test_triton_quantize_is_bit_exact(dtype, axis, sr):
     assert (d is None and dr is None) or torch.equal(d, dr)
 
 
+def test_int8_nearest_rounds_ties_to_even():
+    """Nearest int8 codes: ties to even, like the float formats (and like torch.round), in the kernels
+    and the reference; every integer in [-127, 127] and its neighbours stay exact."""
+    from replayssm.kernels.quant_triton import quant_probe
+
+    halves = torch.arange(-127, 127, dtype=torch.float32) + 0.5  # every tie in range
+    ints = torch.arange(-127, 128, dtype=torch.float32)
+    row = torch.cat([halves, ints, ints[:-1] + 0.25, ints[1:] - 0.25, torch.tensor([126.5, -126.75, 127.0])])
+    x = row[None, :].to(DEV)  # amax 127 over the row: the encode factor is 1, values are their own codes
+    q, _ = quant_probe(x, torch.int8, 1, None)
+    qr, _ = Q.quantize(x, torch.int8, 1, None)
+    want = torch.round(row.clamp(-127, 127)).to(torch.int8)
+    assert torch.equal(qr.cpu()[0], want) and torch.equal(q.cpu()[0], want)
+    assert want[:4].tolist() == [-126, -126, -124, -124]  # -126.5 -> -126, -125.5 -> -126, ...
+
+
 @pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn])
 def test_triton_decodes_every_code_exactly(dtype):
     """The kernels' integer-and-fp32 decoding of 8-bit codes equals torch's conversion for every
