@@ -83,17 +83,19 @@ def _rn_e4m3(v):
 @triton.jit
 def round_to(v, u, FMT: tl.constexpr, SR: tl.constexpr):
     """``quant.round_bits`` up to the final cast: fp32 ``v`` (scaled for int8 / fp8) rounded so that
-    the caller's cast to the stored dtype is exact (int8: integral values in [-127, 127], or with
-    nearest rounding the int8 codes themselves); nearest (the cast rounds) unless SR, with the random
-    bits ``u``."""
+    the caller's cast to the stored dtype is exact (int8: the codes themselves); nearest (the cast
+    rounds) unless SR, with the random bits ``u``."""
     if FMT == 4:  # int8
+        # int8 codes either way (one return type: the compiler visits code after a constexpr ``if``)
         if SR:
             r = (u >> 8).to(tl.float32) * 5.9604644775390625e-08
-            return tl.minimum(tl.maximum(tl.floor(v + r), -127.0), 127.0)
-        # nearest, ties to even, as codes: adding 1.5 * 2^23 rounds |v| <= 127 to an integer in the low
-        # mantissa bits, whose low byte is the two's-complement code (no FRND or F2I, quarter-rate)
-        y = tl.minimum(tl.maximum(v, -127.0), 127.0) + 12582912.0
-        return y.to(tl.int32, bitcast=True).to(tl.int8)
+            q = tl.minimum(tl.maximum(tl.floor(v + r), -127.0), 127.0).to(tl.int8)
+        else:
+            # nearest, ties to even: adding 1.5 * 2^23 rounds |v| <= 127 to an integer in the low
+            # mantissa bits, whose low byte is the two's-complement code (no FRND or F2I, quarter-rate)
+            y = tl.minimum(tl.maximum(v, -127.0), 127.0) + 12582912.0
+            q = y.to(tl.int32, bitcast=True).to(tl.int8)
+        return q
     elif FMT == 3:  # fp8 e4m3
         v = tl.minimum(tl.maximum(v, -448.0), 448.0)
         if SR:
@@ -142,7 +144,7 @@ def tile_scale(s, AXIS: tl.constexpr, FMT: tl.constexpr):
 
 @triton.jit
 def quantize_tile(s, u, AXIS: tl.constexpr, FMT: tl.constexpr, SR: tl.constexpr):
-    """fp32 tile ``s`` -> (rounded fp32 values for the stored dtype's cast, scales over AXIS, or
+    """fp32 tile ``s`` -> (values whose cast to the stored dtype is exact, scales over AXIS, or
     a dummy for unscaled formats). ``s`` must hold whole vectors along AXIS (masked lanes zero)."""
     if FMT >= 3:
         enc, d = tile_scale(s, AXIS, FMT)
