@@ -54,8 +54,8 @@ class ReplayMixin:
         specs.update(quant_specs(opts, kind.state_shape(shapes), batch, self.state_scale_dim, opts.state_dtype))
         return specs
 
-    def _replay_step(self, hidden_states, layer, buffers: ReplayBuffers, attention_mask, window=None):
-        """Decode step (hidden_states (B, 1, hidden)), or with ``window`` (each row's start slot, from
+    def _replay_step(self, hidden_states, layer, buffers: ReplayBuffers, attention_mask, window: bool = False):
+        """Decode step (hidden_states (B, 1, hidden)), or with ``window`` (after
         ``speculative.prepare_window``) a verify of T >= 1 tokens (B, T, hidden) on the window path."""
         raise NotImplementedError
 
@@ -102,8 +102,8 @@ class ReplayMixin:
             buffers.extra["arrivals"] = cache_arrivals(cache, buffers.cursor.device, buffers.batch_size)
         if window:
             speculative.enable_layer_rollback(layer, cache)
-            start = speculative.prepare_window(self, layer, buffers, hidden_states.shape[1])
-            return self._replay_step(hidden_states, layer, buffers, attention_mask, window=start)
+            speculative.prepare_window(self, layer, buffers, hidden_states.shape[1])
+            return self._replay_step(hidden_states, layer, buffers, attention_mask, window=True)
         if speculative.HIST in buffers.tensors:  # the cache stopped recording its past
             speculative.leave_rollback_mode(self, layer, buffers)
         return self._replay_step(hidden_states, layer, buffers, attention_mask)

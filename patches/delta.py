@@ -56,7 +56,7 @@ class _DeltaReplayMixin(ReplayMixin):
         return delta_replay_materialize(state, t["u_buf"], t["k_buf"], t["g_buf"], buffers.cursor,
                                         *kernel_args(t, state))
 
-    def _run_kernel(self, layer, buffers, q, k, v, g, beta, window=None):
+    def _run_kernel(self, layer, buffers, q, k, v, g, beta, window: bool = False):
         """q, k (B, T, Hk, K); v (B, T, HV, V); g (B, T, HV[, K]); beta (B, T, HV) -> o (B, T, HV, V).
         T = 1 without ``window`` (a decode step); with it a verify of T tokens."""
         t = buffers.tensors
@@ -66,7 +66,7 @@ class _DeltaReplayMixin(ReplayMixin):
                            q.shape[-1] ** -0.5, backend=backend)
         qn, kn = qn.view(q.shape), kn.view(k.shape)
         state = compat.recurrent_state(layer)
-        if window is not None:  # plain checkpoints only (speculative.py)
+        if window:  # plain checkpoints only (speculative.py)
             return delta_replay_verify(qn, kn, v, g, beta, state, t["u_buf"], t["k_buf"], t["g_buf"], buffers.cursor,
                                        backend=backend)
         qn, kn, v, g, beta = (a[:, 0] for a in (qn, kn, v, g, beta))
@@ -81,9 +81,9 @@ class _DeltaReplayMixin(ReplayMixin):
 
     def _conv_tokens(self, layer, buffers, mixed, window):
         """mixed (B, T, C) conv inputs -> conv outputs (B, T, C)."""
-        if window is None:
+        if not window:
             return self._conv(layer, mixed[:, 0])[:, None]
-        return speculative.window_conv(self, layer, buffers, window, mixed)
+        return speculative.window_conv(self, layer, buffers, mixed)
 
 
 class ReplayGatedDeltaNetMixer(_DeltaReplayMixin):
@@ -109,7 +109,7 @@ class ReplayGatedDeltaNetMixer(_DeltaReplayMixin):
         return (mixed, z.reshape(batch, T, self.num_v_heads, self.head_v_dim),
                 b.reshape(batch, T, self.num_v_heads), a.reshape(batch, T, self.num_v_heads), scale)
 
-    def _replay_step(self, hidden_states, layer, buffers: ReplayBuffers, attention_mask, window=None):
+    def _replay_step(self, hidden_states, layer, buffers: ReplayBuffers, attention_mask, window: bool = False):
         batch, T = hidden_states.shape[:2]
         h = apply_padding_mask(hidden_states, attention_mask)
         mixed, z, b, a, beta_scale = self._project(h)
@@ -134,7 +134,7 @@ class ReplayKimiDeltaMixer(_DeltaReplayMixin):
 
     layer_kind = KDA
 
-    def _replay_step(self, hidden_states, layer, buffers: ReplayBuffers, attention_mask, window=None):
+    def _replay_step(self, hidden_states, layer, buffers: ReplayBuffers, attention_mask, window: bool = False):
         batch, T = hidden_states.shape[:2]
         H, D = self.num_heads, self.head_dim
         h = apply_padding_mask(hidden_states, attention_mask)

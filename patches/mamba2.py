@@ -41,7 +41,7 @@ class ReplayMamba2Mixer(ReplayMixin):
         return mamba2_replay_materialize(state, t["x_buf"], t["dt_buf"], t["B_buf"], buffers.cursor, A,
                                          *kernel_args(t, state))
 
-    def _replay_step(self, hidden_states, layer, buffers: ReplayBuffers, attention_mask, window=None):
+    def _replay_step(self, hidden_states, layer, buffers: ReplayBuffers, attention_mask, window: bool = False):
         batch, T = hidden_states.shape[:2]
         dtype = hidden_states.dtype
         is_falcon_h1 = hasattr(self, "mup_vector") or hasattr(self, "ssm_in_multiplier")
@@ -54,10 +54,10 @@ class ReplayMamba2Mixer(ReplayMixin):
             projected = projected * self.mup_vector
         gate, xBC, dt = projected.split([self.intermediate_size, self.conv_dim, self.num_heads], dim=-1)
 
-        if window is None:
+        if not window:
             xBC = self._conv(layer, xBC[:, 0])[:, None]
         else:
-            xBC = speculative.window_conv(self, layer, buffers, window, xBC)
+            xBC = speculative.window_conv(self, layer, buffers, xBC)
         xBC = apply_padding_mask(xBC, attention_mask)
         GN = self.n_groups * self.ssm_state_size
         x, Bm, Cm = torch.split(xBC, [self.intermediate_size, GN, GN], dim=-1)
@@ -72,7 +72,7 @@ class ReplayMamba2Mixer(ReplayMixin):
                 Cm.reshape(batch, T, G, N))
         backend = self.replay_options.backend
         state = compat.recurrent_state(layer)
-        if window is not None:  # speculative verify of T tokens (plain checkpoints only: speculative.py)
+        if window:  # speculative verify of T tokens (plain checkpoints only: speculative.py)
             y = mamba2_replay_verify(*args, state, t["x_buf"], t["dt_buf"], t["B_buf"],
                                      buffers.cursor, A, self.dt_bias, self.D, z, True, backend=backend)
         else:

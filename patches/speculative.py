@@ -31,7 +31,7 @@ import torch
 
 from replayssm.errors import ConfigError, RollbackError, VerifyWindowError
 from replayssm.kernels.rollback import layer_rollback
-from replayssm.kernels.speculation import conv_verify_reference, verify_start
+from replayssm.kernels.window_conv import layer_window_conv
 
 from . import compat
 from .cache_state import REFUSED, ROLLBACK_SAFE, SETTLED, ReplayBuffers, get_buffers
@@ -49,9 +49,9 @@ def ring_len(buffers: ReplayBuffers) -> int:
     return next(t.shape[2] for name, t in buffers.tensors.items() if name not in (HIST, COMMITTED))
 
 
-def prepare_window(mixer, layer, buffers: ReplayBuffers, T: int) -> torch.Tensor:
-    """Make room for a T-token window on every row (module notes); returns each row's window start
-    slot (Bt,) long, the slot the verify kernel appends the first token at."""
+def prepare_window(mixer, layer, buffers: ReplayBuffers, T: int) -> None:
+    """Make room for a T-token window on every row (module notes). Each row's window start slot
+    and its committed mark follow in ``window_conv``, from the cursors this leaves."""
     if needs_replay_path(mixer.replay_options):
         options = mixer.replay_options
         raise ConfigError(
@@ -77,19 +77,17 @@ def prepare_window(mixer, layer, buffers: ReplayBuffers, T: int) -> torch.Tensor
         if bool(over.any()):  # uncommitted entries on a full ring (a draft's single steps): keep them
             fold = torch.maximum(committed, cursor + T - L).clamp(min=0)
             _compact(mixer, layer, buffers, torch.where(over, fold, torch.zeros_like(fold)))
-    start = verify_start(buffers.cursor, T, L)
-    committed.copy_(torch.minimum(committed, start.to(committed.dtype)))  # a flush-first row folds them all
     buffers.extra[SETTLED] = False
     buffers.extra[ROLLBACK_SAFE] = T
-    return start
 
 
-def window_conv(mixer, layer, buffers: ReplayBuffers, start: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """x (Bt, T, C) conv inputs -> (Bt, T, C) conv outputs; the cache's conv state and the history
-    follow. (PyTorch ops on every backend: a few K + T columns per channel.)"""
-    weight = mixer.conv1d.weight.squeeze(1)
-    return conv_verify_reference(buffers.tensors[HIST], compat.conv_state(layer), start, buffers.cursor >= 0, x,
-                                 weight, mixer.conv1d.bias, mixer.activation)
+def window_conv(mixer, layer, buffers: ReplayBuffers, x: torch.Tensor) -> torch.Tensor:
+    """x (Bt, T, C) conv inputs -> (Bt, T, C) conv outputs; the cache's conv state, the history and
+    the committed marks follow (``kernels.window_conv``: one launch on the Triton backend)."""
+    t = buffers.tensors
+    return layer_window_conv(t[HIST], compat.conv_state(layer), buffers.cursor, t[COMMITTED], x,
+                             mixer.conv1d.weight.squeeze(1), mixer.conv1d.bias, mixer.activation, ring_len(buffers),
+                             backend=mixer.replay_options.backend)
 
 
 def _enter_rollback_mode(mixer, layer, buffers: ReplayBuffers, L: int) -> None:

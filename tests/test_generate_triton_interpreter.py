@@ -35,3 +35,37 @@ def test_triton_backend_matches_stock(family, monkeypatch):
                            min_new_tokens=10)
     assert torch.equal(out.sequences, ref.sequences)
     assert max_logit_diff(out, ref) < 1e-4
+
+
+@pytest.mark.parametrize("family", ["nemotron_h", "qwen3_5", "kimi_linear"])
+def test_triton_backend_speculative_equals_plain_greedy(family, monkeypatch):
+    """Scripted drafts of 1..3 tokens (L = 4: windows that flush first, full and no acceptance) on
+    the Triton window path: the window conv and the verify kernels, token for token plain greedy."""
+    import replayssm
+    import replayssm.kernels.window_conv as window_conv
+    from replayssm.patches.compat import assisted_generation_gap
+    from speculative_helpers import ScriptedDrafter, with_drafter, without_drafter
+
+    model = tiny(family)
+    if assisted_generation_gap(model):
+        pytest.skip(assisted_generation_gap(model))
+    ids = torch.randint(3, 512, (1, 7), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    replayssm.patch(model, buffer_len=4, backend="triton")
+    try:
+        ref = generate(model, ids, mask, max_new_tokens=16, min_new_tokens=16)
+
+        def no_reference(*args, **kwargs):
+            raise AssertionError("the PyTorch window conv ran instead of the Triton kernel")
+
+        monkeypatch.setattr(window_conv, "layer_window_conv_reference", no_reference)
+        drafter = ScriptedDrafter(model, ref.sequences, 3, seed=1, min_draft=1)
+        with_drafter(model, drafter)
+        try:
+            out = generate(model, ids, mask, max_new_tokens=16, min_new_tokens=16, prompt_lookup_num_tokens=3)
+        finally:
+            without_drafter(model)
+    finally:
+        replayssm.unpatch(model)
+    assert torch.equal(out.sequences, ref.sequences), drafter.log
+    assert any(a == 0 for _, a in drafter.log) and any(a == k for k, a in drafter.log)
