@@ -158,7 +158,7 @@ def rollback_layer(layer, n) -> None:
     t = buffers.tensors
     if isinstance(n, int) and n == 0:  # every draft accepted: nothing moves, one launch and no host sync
         if HIST in t:
-            t[COMMITTED].copy_(cursor.clamp(min=0))
+            torch.clamp(cursor, min=0, out=t[COMMITTED])
             buffers.extra[SETTLED] = True
         return
 
