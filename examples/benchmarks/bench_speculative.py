@@ -9,7 +9,9 @@ The oracle is the speculative run's own continuation: in bf16 a verify window's 
 a single step's (other GEMM shapes), so where two logits nearly tie the window's argmax may differ from the
 plain run's, after which a drafter that knows only the plain continuation proposes tokens the model rejects.
 So each acceptance rate first runs with the plain continuation as the oracle, takes the output as the next
-oracle, and repeats until a run reproduces its oracle (``oracle_runs``); ``same_as_plain`` tells whether the
+oracle, and repeats until a run reproduces its oracle (``oracle_runs``; each run agrees with its oracle
+further than the last did, as a window's tokens depend only on those before it; ``--max-oracle-runs``
+caps them, and a run that stops short is flagged ``settled`` false); ``same_as_plain`` tells whether the
 tokens are the plain run's (always so in fp32, ``--dtype float32``, where any difference fails the run).
 ``forward_ms`` / ``host_ms``: per round, the model forward (synchronised) and the rest of the round, from one
 more run. ``--profile N`` (CUDA graphs): for the first ``--accept`` value, ``profile_generate.py``'s figures per
@@ -197,7 +199,7 @@ def main(argv=None) -> int:
     ap.add_argument("--accept", default="1,0.75,0.5,0.25,0", help="comma-separated acceptance probabilities")
     ap.add_argument("--buffer-len", type=int, default=16)
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="weights and activations")
-    ap.add_argument("--max-oracle-runs", type=int, default=8, help="runs to find the speculative continuation")
+    ap.add_argument("--max-oracle-runs", type=int, default=32, help="runs to find the speculative continuation")
     ap.add_argument("--out", default="out/bench")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="also profile the verify rounds of the first --accept value, listing N kernels")

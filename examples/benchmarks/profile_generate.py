@@ -3,8 +3,8 @@
 For a benchmark preset patched with ``cuda_graphs=True``, per decode step: wall time without the
 profiler, and under ``torch.profiler`` over one ``generate()`` call the time between graph launches,
 the device-busy time (union of kernel intervals), the host gap from the end of the per-step
-synchronisation in transformers' loop to the next graph launch, the kernel count, and the largest
-kernels. Prints one JSON line per (preset, batch).
+synchronisation in transformers' loop to the next graph launch, the kernel count, the largest
+kernels and the host operators taking the most of their own time. Prints one JSON line per (preset, batch).
 
     python examples/benchmarks/profile_generate.py --preset nemotron3-nano-like --batches 1,256
 """
@@ -68,6 +68,12 @@ def profile_steps(model, ids, new: int = 24, top: int = 12, run=None) -> dict:
     syncs = sorted(e.time_range.end for e in events if e.name in SYNCS)
     gaps = [launch - max(s for s in syncs if s <= launch) for launch in launches[1:-1]
             if any(s <= launch for s in syncs)]
+    host: dict[str, list] = {}
+    for e in events:  # operators on the host between the launches, by their own (self) time
+        if e.device_type == torch.autograd.DeviceType.CPU and lo <= e.time_range.start < hi:
+            entry = host.setdefault(e.name, [0.0, 0])
+            entry[0] += e.self_cpu_time_total
+            entry[1] += 1
     kernels: dict[str, list] = {}
     for e in device:
         entry = kernels.setdefault(e.name, [0.0, 0])
@@ -77,7 +83,9 @@ def profile_steps(model, ids, new: int = 24, top: int = 12, run=None) -> dict:
             "device_busy_us": _union((e.time_range.start, e.time_range.end) for e in device) / steps,
             "host_gap_us": sum(gaps) / max(len(gaps), 1), "kernels_per_step": len(device) / steps,
             "top_us_count": [(name[:100], round(us / steps, 1), round(n / steps, 1))
-                             for name, (us, n) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]]}
+                             for name, (us, n) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]],
+            "host_top_us_count": [(name[:100], round(us / steps, 1), round(n / steps, 1))
+                                  for name, (us, n) in sorted(host.items(), key=lambda kv: -kv[1][0])[:top]]}
 
 
 def main(argv=None) -> int:
