@@ -13,8 +13,8 @@ oracle, and repeats until a run reproduces its oracle (``oracle_runs``; each run
 further than the last did, as a window's tokens depend only on those before it; ``--max-oracle-runs``
 caps them, and a run that stops short is flagged ``settled`` false); ``same_as_plain`` tells whether the
 tokens are the plain run's (always so in fp32, ``--dtype float32``, where any difference fails the run).
-``forward_ms`` / ``host_ms``: per round, the model forward (synchronised) and the rest of the round, from one
-more run. ``--profile N`` (CUDA graphs): for the first ``--accept`` value, ``profile_generate.py``'s figures per
+Every tokens/s is the median of ``--reps`` timed runs. ``forward_ms`` / ``host_ms``: per round, the model
+forward (synchronised) and the rest of the round, from the median of ``--reps`` more runs. ``--profile N`` (CUDA graphs): for the first ``--accept`` value, ``profile_generate.py``'s figures per
 verify round (device-busy time, kernels, the N largest kernels) from one more run. Writes
 ``speculative.json`` / ``speculative.md`` to ``--out``.
 
@@ -80,6 +80,11 @@ def _timed(fn):
     return out, time.perf_counter() - start
 
 
+def _median(runs):
+    """The run of median time from a list of (output, seconds, ...) tuples."""
+    return sorted(runs, key=lambda r: r[1])[len(runs) // 2]
+
+
 def _greedy(model, ids, new, **kw):
     """Greedy ``generate()`` of up to ``new`` tokens (no ``min_new_tokens``: its logits processor would
     run on every window position, host work a user without it does not pay)."""
@@ -142,7 +147,7 @@ def run(model, ids, args) -> list[dict]:
     for graphs in ([False, True] if ids.is_cuda else [False]):
         replayssm.patch(model, buffer_len=args.buffer_len, cuda_graphs=graphs)
         _greedy(model, ids, new)
-        plain, seconds = _timed(lambda: _greedy(model, ids, new))
+        plain, seconds = _median([_timed(lambda: _greedy(model, ids, new)) for _ in range(args.reps)])
         rows.append(dict(mode="plain, CUDA graphs" if graphs else "plain, eager", accept=None,
                          tokens_per_s=_rate(plain, ids, seconds), same_as_plain=True))
     base = rows[-1]["tokens_per_s"]  # the best plain run: the speculative runs decode the same way
@@ -158,10 +163,15 @@ def run(model, ids, args) -> list[dict]:
                 break
             oracle = out
         replays = _window_replays(model)
-        out, seconds, drafter = _speculative(model, ids, new, args.draft, oracle, accept, vocab)
-        replays = _window_replays(model) - replays
-        with ForwardClock(model) as clock:
-            _, clocked, _ = _speculative(model, ids, new, args.draft, oracle, accept, vocab)
+        out, seconds, drafter = _median([_speculative(model, ids, new, args.draft, oracle, accept, vocab)
+                                         for _ in range(args.reps)])
+        replays = (_window_replays(model) - replays) // args.reps
+        clocks = []
+        for _ in range(args.reps):
+            with ForwardClock(model) as clock:
+                _, clocked, _ = _speculative(model, ids, new, args.draft, oracle, accept, vocab)
+            clocks.append((clock.seconds, clocked))
+        forward_s, clocked = sorted(clocks)[args.reps // 2]
         rounds = max(drafter.rounds, 1)
         if args.profile and graphs and accept == args.accept[0]:
             from profile_generate import profile_steps
@@ -174,12 +184,13 @@ def run(model, ids, args) -> list[dict]:
                          acceptance=round(drafter.agreed / max(drafter.drafted, 1), 3),
                          oracle_runs=runs, settled=bool(torch.equal(out, oracle)),
                          same_as_plain=bool(torch.equal(out, plain)), window_replays=replays,
-                         forward_ms=round(clock.seconds / rounds * 1e3, 3),
-                         host_ms=round((clocked - clock.seconds) / rounds * 1e3, 3)))
+                         forward_ms=round(forward_s / rounds * 1e3, 3),
+                         host_ms=round((clocked - forward_s) / rounds * 1e3, 3)))
     repeating = ids[:, : max(ids.shape[1] // 4, 2)].repeat(1, 4)
-    for _ in range(2 if graphs else 1):
-        plain_rep, seconds_plain = _timed(lambda: _greedy(model, repeating, new))
-        out, seconds = _timed(lambda: _greedy(model, repeating, new, prompt_lookup_num_tokens=args.draft))
+    _greedy(model, repeating, new, prompt_lookup_num_tokens=args.draft)  # (captures its windows)
+    plain_rep, seconds_plain = _median([_timed(lambda: _greedy(model, repeating, new)) for _ in range(args.reps)])
+    out, seconds = _median([_timed(lambda: _greedy(model, repeating, new, prompt_lookup_num_tokens=args.draft))
+                            for _ in range(args.reps)])
     rows.append(dict(mode=f"prompt lookup, repeating prompt{suffix}", accept=None,
                      tokens_per_s=_rate(out, repeating, seconds),
                      plain_tokens_per_s=_rate(plain_rep, repeating, seconds_plain),
@@ -200,6 +211,7 @@ def main(argv=None) -> int:
     ap.add_argument("--buffer-len", type=int, default=16)
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="weights and activations")
     ap.add_argument("--max-oracle-runs", type=int, default=32, help="runs to find the speculative continuation")
+    ap.add_argument("--reps", type=int, default=3, help="timed runs per row (the median is kept)")
     ap.add_argument("--out", default="out/bench")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="also profile the verify rounds of the first --accept value, listing N kernels")
