@@ -32,16 +32,13 @@ def conv_update_reference(conv_state: torch.Tensor, x: torch.Tensor, weight: tor
 
 
 @triton.jit
-def _conv_update_kernel(state_ptr, x_ptr, w_ptr, bias_ptr, out_ptr, C,
-                        stride_sb, stride_sc, stride_sk, stride_xb, stride_xc, stride_ob, stride_oc,
-                        K: tl.constexpr, KP: tl.constexpr, BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr,
-                        SILU: tl.constexpr):
+def conv_step_tile(state_ptr, x_ptr, w_ptr, bias_ptr, row, cols, cmask, stride_sb, stride_sc, stride_sk, stride_xb,
+                   stride_xc, K: tl.constexpr, KP: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
+    """The conv step of channels ``cols`` of row ``row``: the state tile shifted by one tap with x appended,
+    stored back, and ``act(sum_k window * weight + bias)`` in fp32 (BLOCK_C,)."""
     # one (BLOCK_C, KP) tile of the state, loaded shifted by one tap: tap k of the new window is
     # tap k + 1 of the old one, and the last tap is x
-    row = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     taps = tl.arange(0, KP)
-    cmask = cols < C
     old = state_ptr + row * stride_sb + cols[:, None] * stride_sc + (taps[None, :] + 1) * stride_sk
     window = tl.load(old, mask=cmask[:, None] & (taps[None, :] < K - 1), other=0.0)
     x = tl.load(x_ptr + row * stride_xb + cols * stride_xc, mask=cmask, other=0.0)
@@ -53,6 +50,19 @@ def _conv_update_kernel(state_ptr, x_ptr, w_ptr, bias_ptr, out_ptr, C,
         acc += tl.load(bias_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
     if SILU:
         acc = acc * tl.sigmoid(acc)
+    return acc
+
+
+@triton.jit
+def _conv_update_kernel(state_ptr, x_ptr, w_ptr, bias_ptr, out_ptr, C,
+                        stride_sb, stride_sc, stride_sk, stride_xb, stride_xc, stride_ob, stride_oc,
+                        K: tl.constexpr, KP: tl.constexpr, BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr,
+                        SILU: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    acc = conv_step_tile(state_ptr, x_ptr, w_ptr, bias_ptr, row, cols, cmask, stride_sb, stride_sc, stride_sk,
+                         stride_xb, stride_xc, K, KP, HAS_BIAS, SILU)
     tl.store(out_ptr + row * stride_ob + cols * stride_oc, acc.to(out_ptr.dtype.element_ty), mask=cmask)
 
 

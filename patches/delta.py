@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import torch
 
+from replayssm.kernels.backend import resolve_backend
 from replayssm.kernels.delta.gdn_gates import gdn_gates
+from replayssm.kernels.delta.prologue import gdn_prologue
 from replayssm.kernels.delta import (delta_replay_decode, delta_replay_materialize, delta_replay_verify, delta_step_decode,
                                      l2norm_qk)
 
@@ -65,11 +67,16 @@ class _DeltaReplayMixin(ReplayMixin):
         qn, kn = l2norm_qk(q.reshape(batch * T, *q.shape[2:]), k.reshape(batch * T, *k.shape[2:]),
                            q.shape[-1] ** -0.5, backend=backend)
         qn, kn = qn.view(q.shape), kn.view(k.shape)
-        state = compat.recurrent_state(layer)
         if window:  # plain checkpoints only (speculative.py)
-            return delta_replay_verify(qn, kn, v, g, beta, state, t["u_buf"], t["k_buf"], t["g_buf"], buffers.cursor,
-                                       backend=backend)
-        qn, kn, v, g, beta = (a[:, 0] for a in (qn, kn, v, g, beta))
+            return delta_replay_verify(qn, kn, v, g, beta, compat.recurrent_state(layer), t["u_buf"], t["k_buf"],
+                                       t["g_buf"], buffers.cursor, backend=backend)
+        return self._decode(layer, buffers, *(a[:, 0] for a in (qn, kn, v, g, beta)))[:, None]
+
+    def _decode(self, layer, buffers, qn, kn, v, g, beta):
+        """One decode step from normalised q, k (B, Hk, K) fp32, v (B, HV, V), g, beta -> o (B, HV, V)."""
+        t = buffers.tensors
+        backend = self.replay_options.backend
+        state = compat.recurrent_state(layer)
         if self.replay_options.buffer_len == 1 and not needs_replay_path(self.replay_options):
             # every step writes the state: the fused per-step kernel
             o = delta_step_decode(qn, kn, v, g, beta, state, backend=backend)
@@ -77,7 +84,7 @@ class _DeltaReplayMixin(ReplayMixin):
             scale, rng = kernel_args(t, state)
             o = delta_replay_decode(qn, kn, v, g, beta, state, t["u_buf"], t["k_buf"], t["g_buf"], buffers.cursor,
                                     state_scale=scale, state_rng=rng, backend=backend)
-        return o[:, None]
+        return o
 
     def _conv_tokens(self, layer, buffers, mixed, window):
         """mixed (B, T, C) conv inputs -> conv outputs (B, T, C)."""
@@ -113,6 +120,16 @@ class ReplayGatedDeltaNetMixer(_DeltaReplayMixin):
         batch, T = hidden_states.shape[:2]
         h = apply_padding_mask(hidden_states, attention_mask)
         mixed, z, b, a, beta_scale = self._project(h)
+        if not window and self.activation == "silu" and (
+                resolve_backend(self.replay_options.backend, h.device) == "triton"):
+            # one launch for the conv step, the q / k norms and the gates
+            heads = (self.num_k_heads, self.head_k_dim, self.num_v_heads, self.head_v_dim)
+            qn, kn, v, g, beta = gdn_prologue(
+                compat.conv_state(layer), mixed[:, 0], self.conv1d.weight.squeeze(1), self.conv1d.bias, a[:, 0],
+                b[:, 0], self.A_log, self.dt_bias, heads, self.head_k_dim ** -0.5, beta_scale,
+                backend=self.replay_options.backend)
+            o = self._decode(layer, buffers, qn, kn, v, g, beta)[:, None]
+            return self._gated_output(o, z, batch, T)
         mixed = self._conv_tokens(layer, buffers, mixed, window)
         q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(batch, T, self.num_k_heads, self.head_k_dim)
@@ -122,6 +139,10 @@ class ReplayGatedDeltaNetMixer(_DeltaReplayMixin):
                             backend=self.replay_options.backend)
         g, beta = g.view(batch, T, -1), beta.view(batch, T, -1)
         o = self._run_kernel(layer, buffers, q, k, v, g, beta, window)  # (B, T, Hv, dv)
+        return self._gated_output(o, z, batch, T)
+
+    def _gated_output(self, o, z, batch: int, T: int):
+        """o (B, T, Hv, dv), gate z -> the output projection of the gated norm."""
         norm = self.norm if hasattr(self, "norm") else self.o_norm
         o = gated_norm(norm, o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim),
                        self.replay_options.backend).reshape(batch, T, -1)

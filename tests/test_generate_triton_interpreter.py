@@ -11,6 +11,7 @@ import torch
 
 import replayssm.kernels.delta as delta_kernels
 import replayssm.kernels.mamba2 as mamba2_kernels
+import replayssm.patches.delta as delta_patch
 
 from helpers import generate, generate_patched, left_padded_batch, max_logit_diff, tiny
 
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.mark.parametrize("family", ["nemotron_h", "qwen3_5", "kimi_linear"])
+@pytest.mark.parametrize("family", ["nemotron_h", "qwen3_5", "qwen3_next", "olmo_hybrid", "kimi_linear"])
 def test_triton_backend_matches_stock(family, monkeypatch):
     model = tiny(family)
     ids, mask = left_padded_batch(seed=1, batch=2)
@@ -31,6 +32,11 @@ def test_triton_backend_matches_stock(family, monkeypatch):
 
     monkeypatch.setattr(mamba2_kernels, "mamba2_replay_decode_reference", no_reference)
     monkeypatch.setattr(delta_kernels, "delta_replay_decode_reference", no_reference)
+    if family in ("qwen3_5", "qwen3_next", "olmo_hybrid"):  # Gated DeltaNet: the one-launch prologue
+        def no_separate_norm(*args, **kwargs):
+            raise AssertionError("the three-launch prologue ran instead of gdn_prologue")
+
+        monkeypatch.setattr(delta_patch, "l2norm_qk", no_separate_norm)
     out = generate_patched(model, ids, mask, dict(buffer_len=4, backend="triton"), max_new_tokens=10,
                            min_new_tokens=10)
     assert torch.equal(out.sequences, ref.sequences)

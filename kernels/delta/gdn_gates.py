@@ -22,18 +22,25 @@ def gdn_gates_reference(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, d
 
 
 @triton.jit
-def _gdn_gates_kernel(a_ptr, b_ptr, alog_ptr, bias_ptr, g_ptr, beta_ptr, HV, stride_a, stride_b, beta_scale,
-                      BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    heads = tl.arange(0, BLOCK)
-    mask = heads < HV
+def gate_values(a_ptr, b_ptr, alog_ptr, bias_ptr, row, stride_a, stride_b, heads, mask, beta_scale):
+    """(g, beta) fp32 of ``heads`` of row ``row``."""
     a = tl.load(a_ptr + row * stride_a + heads, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + row * stride_b + heads, mask=mask, other=0.0).to(tl.float32)
     x = a + tl.load(bias_ptr + heads, mask=mask, other=0.0).to(tl.float32)
     softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
     g = -tl.exp(tl.load(alog_ptr + heads, mask=mask, other=0.0).to(tl.float32)) * softplus
+    return g, tl.sigmoid(b) * beta_scale
+
+
+@triton.jit
+def _gdn_gates_kernel(a_ptr, b_ptr, alog_ptr, bias_ptr, g_ptr, beta_ptr, HV, stride_a, stride_b, beta_scale,
+                      BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    heads = tl.arange(0, BLOCK)
+    mask = heads < HV
+    g, beta = gate_values(a_ptr, b_ptr, alog_ptr, bias_ptr, row, stride_a, stride_b, heads, mask, beta_scale)
     tl.store(g_ptr + row * HV + heads, g, mask=mask)
-    tl.store(beta_ptr + row * HV + heads, tl.sigmoid(b) * beta_scale, mask=mask)
+    tl.store(beta_ptr + row * HV + heads, beta, mask=mask)
 
 
 def gdn_gates_triton(a, b, A_log, dt_bias, beta_scale=1.0):
