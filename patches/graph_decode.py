@@ -153,6 +153,7 @@ class GraphSlot:
     windows: dict = field(default_factory=dict)  # signature -> WindowGraph (assisted slots)
     warm_windows: set = field(default_factory=set)  # signatures run once eagerly (assisted slots)
     window_replays: int = 0  # window forwards replayed from a graph (assisted slots)
+    checked_windows: set = field(default_factory=set)  # signatures whose cache addresses this call checked
 
     def cache_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in _cache_tensors(self.cache))
@@ -499,14 +500,21 @@ class GraphDecoder:
         """A forward on an assisted slot: the prefill (its first) eagerly; then each window shape
         eagerly once, captured the second time, replayed after that while the cache is settled."""
         slot.step += 1
+        if slot.step == 1:  # the prefill: the cache's tensors may have moved since the last call
+            slot.checked_windows.clear()
         if slot.step == 1 or slot.failed is not None or not speculative.settled(slot.cache):
             return self._original_forward(**kwargs)
         signature = _signature(kwargs)
         record = slot.windows.get(signature)
-        if record is not None and record.addresses != _addresses(slot.cache):
-            del slot.windows[signature]  # the cache's tensors moved (a rebuild): capture again
-            slot.warm_windows.discard(signature)
-            record = None
+        if record is not None and signature not in slot.checked_windows:
+            # once a call (the walk over every cache tensor costs about 1 us each, per round otherwise):
+            # after the prefill, a window forward keeps every tensor of the cache where it is
+            if record.addresses != _addresses(slot.cache):
+                del slot.windows[signature]  # the cache's tensors moved (a rebuild): capture again
+                slot.warm_windows.discard(signature)
+                record = None
+            else:
+                slot.checked_windows.add(signature)
         if record is not None:
             _copy_into(record.static_inputs, kwargs)
             record.graph.replay()
@@ -529,6 +537,7 @@ class GraphDecoder:
         slot.graph_bytes += max(CudaGraph.memory_allocated() - before, 0)
         slot.captures += 1
         slot.windows[signature] = WindowGraph(graph, static_inputs, output, addresses)
+        slot.checked_windows.add(signature)
         return _fresh_output(output)
 
     @staticmethod

@@ -197,6 +197,49 @@ def test_assisted_windows_skip_transformers_input_preparation(family, cpu_graphs
         replayssm.unpatch(model)
 
 
+@pytest.mark.parametrize("family", ["nemotron_h", "qwen3_5"])
+def test_window_graphs_check_the_cache_once_a_call_and_recapture_when_it_moved(family, cpu_graphs, monkeypatch):
+    """Each window graph compares the cache's tensor addresses with those it was captured on once per
+    ``generate()`` call (not every round); a cache tensor that moved between calls makes it capture
+    again, and the tokens stay the plain greedy ones."""
+    model = tiny(family)
+    if compat.assisted_generation_gap(model) or compat.refuses_assisted_on_static_caches():
+        pytest.skip("this transformers runs no assisted generation on a static cache for this model")
+    ids, kw = _prompt_and_greedy_kwargs(seed=6)
+    walks = []
+    real_addresses = graph_decode._addresses
+    monkeypatch.setattr(graph_decode, "_addresses", lambda cache: walks.append(1) or real_addresses(cache))
+    try:
+        replayssm.patch(model, buffer_len=8, cuda_graphs=True)
+        ref = model.generate(ids, **kw)
+        decoder = graph_decode.GraphDecoder.of(model)
+
+        def assisted_call():
+            walks.clear()
+            drafter = ScriptedDrafter(model, ref, 4, seed=2, min_draft=4)  # windows of 5 (4 drafts + 1)
+            with_drafter(model, drafter)
+            try:
+                out = model.generate(ids, prompt_lookup_num_tokens=4, **kw)
+            finally:
+                without_drafter(model)
+            assert torch.equal(out, ref), drafter.log
+            return drafter
+
+        assisted_call()
+        assisted_call()
+        (slot,) = [s for s in decoder.slots if s.assisted]
+        graphs, captures, replayed = len(slot.windows), slot.captures, slot.window_replays
+        drafter = assisted_call()  # every window replays; each graph walks the cache once
+        assert slot.window_replays - replayed > len(drafter.log) - 2 and len(walks) == graphs
+        layer = next(layer for layer in slot.cache.layers if get_buffers(layer) is not None)
+        buffers = get_buffers(layer)
+        buffers.tensors[speculative.HIST] = buffers.tensors[speculative.HIST].clone()  # a tensor moves
+        assisted_call()
+        assert slot.captures > captures  # the window graph of 5 was captured again on the moved tensor
+    finally:
+        replayssm.unpatch(model)
+
+
 def _recording_prefill(model, ids):
     """A cache recording its past (as assisted generation makes it) after a prefill of ``ids``'s
     first 9 tokens; returns (cache, the model's cache keyword)."""
