@@ -10,7 +10,8 @@ the rewritten mixer on it (T >= 1 new tokens) goes through the window path, whic
   a draft model's single-token steps) first fold only their committed prefix and shift the rest
   to the front of the ring (``_compact``), folding uncommitted entries only if there is no other
   way (a later rollback into them then raises ``RollbackError``),
-* runs the conv over the window with a history (``kernels.speculation``) and the kind's verify.
+* runs the conv over the window with a history (``kernels.window_conv``: the window's start slot, the
+  committed mark and the conv in one launch) and the kind's verify.
 
 A rollback (``crop(-n)`` or ``rollback``) moves each row's cursor back and restores its conv state
 from the history; it raises ``RollbackError`` when a removed token is no longer in the ring. Per

@@ -59,7 +59,7 @@ class OracleDrafter(CandidateGenerator):
         while agree < k and float(torch.rand((), generator=self.gen)) < self.accept:
             agree += 1
         right = self.oracle[0, cur:cur + k].to(input_ids.device)
-        draft = torch.where(torch.arange(k, device=right.device) < agree, right, (right + 1) % self.vocab)
+        draft = right if agree == k else torch.cat([right[:agree], (right[agree:] + 1) % self.vocab])
         self.rounds, self.drafted, self.agreed = self.rounds + 1, self.drafted + k, self.agreed + agree
         return torch.cat([input_ids, draft[None]], dim=1), None
 
