@@ -10,6 +10,8 @@ read again.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 
@@ -72,11 +74,12 @@ def poison_past_cursors(model) -> int:
     return count
 
 
-def with_drafter(model, drafter):
-    """Make ``model.generate`` use ``drafter`` as its candidate generator (instance attribute; the
-    caller deletes it with ``without_drafter``)."""
+@contextlib.contextmanager
+def drafting(model, drafter):
+    """Inside the block ``model.generate`` takes ``drafter`` as its candidate generator (an instance
+    attribute, removed on leaving)."""
     model._get_candidate_generator = lambda *args, **kwargs: drafter
-
-
-def without_drafter(model):
-    model.__dict__.pop("_get_candidate_generator", None)
+    try:
+        yield drafter
+    finally:
+        model.__dict__.pop("_get_candidate_generator", None)

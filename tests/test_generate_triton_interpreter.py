@@ -50,7 +50,7 @@ def test_triton_backend_speculative_equals_plain_greedy(family, monkeypatch):
     import replayssm
     import replayssm.kernels.window_conv as window_conv
     from replayssm.patches.compat import assisted_generation_gap
-    from speculative_helpers import ScriptedDrafter, with_drafter, without_drafter
+    from speculative_helpers import ScriptedDrafter, drafting
 
     model = tiny(family)
     if assisted_generation_gap(model):
@@ -66,11 +66,8 @@ def test_triton_backend_speculative_equals_plain_greedy(family, monkeypatch):
 
         monkeypatch.setattr(window_conv, "layer_window_conv_reference", no_reference)
         drafter = ScriptedDrafter(model, ref.sequences, 3, seed=1, min_draft=1)
-        with_drafter(model, drafter)
-        try:
+        with drafting(model, drafter):
             out = generate(model, ids, mask, max_new_tokens=16, min_new_tokens=16, prompt_lookup_num_tokens=3)
-        finally:
-            without_drafter(model)
     finally:
         replayssm.unpatch(model)
     assert torch.equal(out.sequences, ref.sequences), drafter.log

@@ -18,7 +18,7 @@ from replayssm.patches import compat, graph_decode, speculative
 from replayssm.patches.cache_state import get_buffers
 
 from helpers import generate, left_padded_batch, max_logit_diff, tiny
-from speculative_helpers import ScriptedDrafter, with_drafter, without_drafter
+from speculative_helpers import ScriptedDrafter, drafting
 
 FAMILIES = ["nemotron_h", "bamba", "qwen3_5", "kimi_linear"]
 
@@ -146,11 +146,9 @@ def test_assisted_generation_replays_its_windows(family, cpu_graphs, caplog):
         replays = []
         for _ in range(2):  # the same drafts twice
             drafter = ScriptedDrafter(model, ref, 4, seed=1, min_draft=0)
-            with_drafter(model, drafter)
             before = sum(g.replays for g in cpu_graphs[plain_graphs:])
-            with caplog.at_level(logging.WARNING, logger="replayssm"):
+            with drafting(model, drafter), caplog.at_level(logging.WARNING, logger="replayssm"):
                 out = model.generate(ids, prompt_lookup_num_tokens=4, **kw)
-            without_drafter(model)
             assert torch.equal(out, ref), drafter.log
             replays.append(sum(g.replays for g in cpu_graphs[plain_graphs:]) - before)
         if compat.refuses_assisted_on_static_caches():
@@ -185,9 +183,8 @@ def test_assisted_windows_skip_transformers_input_preparation(family, cpu_graphs
         for _ in range(2):
             prepared.clear()
             drafter = ScriptedDrafter(model, ref, 4, seed=5, min_draft=4)  # windows of 5 (4 drafts + 1)
-            with_drafter(model, drafter)
-            out = model.generate(ids, prompt_lookup_num_tokens=4, **kw)
-            without_drafter(model)
+            with drafting(model, drafter):
+                out = model.generate(ids, prompt_lookup_num_tokens=4, **kw)
             assert torch.equal(out, ref), drafter.log
         (slot,) = [s for s in decoder.slots if s.assisted]
         assert slot.window_inputs[5].trusted is True
@@ -217,11 +214,8 @@ def test_window_graphs_check_the_cache_once_a_call_and_recapture_when_it_moved(f
         def assisted_call():
             walks.clear()
             drafter = ScriptedDrafter(model, ref, 4, seed=2, min_draft=4)  # windows of 5 (4 drafts + 1)
-            with_drafter(model, drafter)
-            try:
+            with drafting(model, drafter):
                 out = model.generate(ids, prompt_lookup_num_tokens=4, **kw)
-            finally:
-                without_drafter(model)
             assert torch.equal(out, ref), drafter.log
             return drafter
 

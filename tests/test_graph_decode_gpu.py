@@ -58,7 +58,7 @@ def test_assisted_windows_in_graphs_equal_plain_greedy_fp32(family):
     from its first window): the plain greedy tokens of the same patched model."""
     from replayssm.patches import compat
 
-    from speculative_helpers import ScriptedDrafter, with_drafter, without_drafter
+    from speculative_helpers import ScriptedDrafter, drafting
 
     model = tiny(family).cuda()
     if compat.assisted_generation_gap(model) or compat.refuses_assisted_on_static_caches():
@@ -71,11 +71,8 @@ def test_assisted_windows_in_graphs_equal_plain_greedy_fp32(family):
         ref = model.generate(ids, **kw)
         for _ in range(2):
             drafter = ScriptedDrafter(model, ref, 4, seed=3, min_draft=0)
-            with_drafter(model, drafter)
-            try:
+            with drafting(model, drafter):
                 out = model.generate(ids, prompt_lookup_num_tokens=4, **kw)
-            finally:
-                without_drafter(model)
             assert torch.equal(out, ref), drafter.log
         windows = [r for r in replayssm.graph_report(model) if r["assisted"]]
         if _unsafe(model):

@@ -19,7 +19,7 @@ from replayssm.patches import compat
 from replayssm.patches.compat import assisted_generation_gap
 
 from helpers import REWRITABLE_FAMILIES, generate, tiny
-from speculative_helpers import ScriptedDrafter, with_drafter, without_drafter
+from speculative_helpers import ScriptedDrafter, drafting
 
 NEW = 48
 
@@ -31,13 +31,10 @@ def _prompt(seed=0, length=9, device="cpu"):
 
 def _scripted(model, ids, mask, ref, max_draft, seed=0, min_draft=1, **kw):
     drafter = ScriptedDrafter(model, ref.sequences, max_draft, seed=seed, min_draft=min_draft)
-    with_drafter(model, drafter)
-    try:
+    with drafting(model, drafter):
         # prompt_lookup_num_tokens only selects the assisted mode; the drafter proposes the tokens
         out = generate(model, ids, mask, max_new_tokens=NEW, min_new_tokens=NEW, prompt_lookup_num_tokens=max_draft,
                        **kw)
-    finally:
-        without_drafter(model)
     return out, drafter
 
 

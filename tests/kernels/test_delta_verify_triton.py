@@ -103,7 +103,7 @@ def test_patched_model_verifies_through_the_kernel():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import replayssm
     from helpers import generate, tiny
-    from speculative_helpers import ScriptedDrafter, with_drafter, without_drafter
+    from speculative_helpers import ScriptedDrafter, drafting
 
     model = tiny("qwen3_5")
     ids = torch.randint(3, 512, (1, 9), generator=torch.Generator().manual_seed(0))
@@ -115,13 +115,11 @@ def test_patched_model_verifies_through_the_kernel():
         replayssm.unpatch(model)
     replayssm.patch(model, buffer_len=4, backend="triton")
     drafter = ScriptedDrafter(model, ref.sequences, 3, seed=1)
-    with_drafter(model, drafter)
     try:
-        with pytest.MonkeyPatch.context() as mp:
+        with drafting(model, drafter), pytest.MonkeyPatch.context() as mp:
             mp.setattr(verify_ops, "delta_replay_verify_reference", None)
             out = generate(model, ids, mask, max_new_tokens=12, min_new_tokens=12, prompt_lookup_num_tokens=3)
     finally:
-        without_drafter(model)
         replayssm.unpatch(model)
     assert torch.equal(out.sequences, ref.sequences), drafter.log
     assert any(a == k > 1 for k, a in drafter.log) and any(a == 0 for _, a in drafter.log)

@@ -61,7 +61,7 @@ def test_assisted_generate_on_cuda_with_the_triton_backend(family):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import replayssm
     from helpers import generate, tiny
-    from speculative_helpers import ScriptedDrafter, with_drafter, without_drafter
+    from speculative_helpers import ScriptedDrafter, drafting
 
     model = tiny(family).to("cuda")
     ids = torch.randint(3, 512, (1, 9), generator=torch.Generator().manual_seed(0)).cuda()
@@ -70,11 +70,8 @@ def test_assisted_generate_on_cuda_with_the_triton_backend(family):
     try:
         ref = generate(model, ids, mask, max_new_tokens=40, min_new_tokens=40)
         drafter = ScriptedDrafter(model, ref.sequences, 5, seed=1)
-        with_drafter(model, drafter)
-        try:
+        with drafting(model, drafter):
             out = generate(model, ids, mask, max_new_tokens=40, min_new_tokens=40, prompt_lookup_num_tokens=5)
-        finally:
-            without_drafter(model)
     finally:
         replayssm.unpatch(model)
         model.to("cpu")

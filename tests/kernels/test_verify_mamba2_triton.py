@@ -164,7 +164,7 @@ def test_patched_model_verifies_through_the_kernel(family, launches):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import replayssm
     from helpers import generate, tiny
-    from speculative_helpers import ScriptedDrafter, with_drafter, without_drafter
+    from speculative_helpers import ScriptedDrafter, drafting
 
     model = tiny(family)
     ids = torch.randint(3, 512, (1, 7), generator=torch.Generator().manual_seed(0))
@@ -176,11 +176,8 @@ def test_patched_model_verifies_through_the_kernel(family, launches):
         replayssm.unpatch(model)
         replayssm.patch(model, buffer_len=4, backend="triton")
         drafter = ScriptedDrafter(model, ref.sequences, 3, seed=2)
-        with_drafter(model, drafter)
-        try:
+        with drafting(model, drafter):
             out = generate(model, ids, mask, max_new_tokens=new, min_new_tokens=new, prompt_lookup_num_tokens=3)
-        finally:
-            without_drafter(model)
     finally:
         replayssm.unpatch(model)
     assert torch.equal(out.sequences, ref.sequences), drafter.log
