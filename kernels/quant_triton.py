@@ -5,6 +5,8 @@ delta-rule kernels. ``FMT`` codes the stored dtype (``state_format``).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -20,6 +22,12 @@ def state_format(dtype: torch.dtype) -> int:
     if dtype not in _FORMATS:
         raise ValueError(f"checkpoint dtype must be one of {sorted(str(d) for d in _FORMATS)}; found {dtype}")
     return _FORMATS[dtype]
+
+
+#: whether a kernel's fp32 -> e4m3 cast rounds to nearest even (the GPU's packed conversion; not the
+#: interpreter's, which rounds ties away): where a caller asks for it (``CAST_E4M3``), nearest fp8
+#: rounding is then left to the store's cast
+CAST_ROUNDS_E4M3 = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") not in ("1", "true", "True"))
 
 
 @triton.jit
@@ -81,10 +89,11 @@ def _rn_e4m3(v):
 
 
 @triton.jit
-def round_to(v, u, FMT: tl.constexpr, SR: tl.constexpr):
+def round_to(v, u, FMT: tl.constexpr, SR: tl.constexpr, CAST_E4M3: tl.constexpr = False):
     """``quant.round_bits`` up to the final cast: fp32 ``v`` (scaled for int8 / fp8) rounded so that
     the caller's cast to the stored dtype is exact (int8: the codes themselves); nearest (the cast
-    rounds) unless SR, with the random bits ``u``."""
+    rounds) unless SR, with the random bits ``u``. CAST_E4M3: nearest e4m3 left to the caller's cast
+    where that rounds to nearest even (``CAST_ROUNDS_E4M3``), instead of integer operations."""
     if FMT == 4:  # int8
         # int8 codes either way (one return type: the compiler visits code after a constexpr ``if``)
         if SR:
@@ -100,7 +109,7 @@ def round_to(v, u, FMT: tl.constexpr, SR: tl.constexpr):
         v = tl.minimum(tl.maximum(v, -448.0), 448.0)
         if SR:
             v = _sr_float(v, u, 20, 0x3C800000, 512.0)
-        else:
+        elif not (CAST_E4M3 and CAST_ROUNDS_E4M3):
             v = _rn_e4m3(v)
         return v
     elif FMT == 2:  # fp16
@@ -143,7 +152,7 @@ def tile_scale(s, AXIS: tl.constexpr, FMT: tl.constexpr):
 
 
 @triton.jit
-def quantize_tile(s, u, AXIS: tl.constexpr, FMT: tl.constexpr, SR: tl.constexpr):
+def quantize_tile(s, u, AXIS: tl.constexpr, FMT: tl.constexpr, SR: tl.constexpr, CAST_E4M3: tl.constexpr = False):
     """fp32 tile ``s`` -> (values whose cast to the stored dtype is exact, scales over AXIS, or
     a dummy for unscaled formats). ``s`` must hold whole vectors along AXIS (masked lanes zero)."""
     if FMT >= 3:
@@ -152,14 +161,14 @@ def quantize_tile(s, u, AXIS: tl.constexpr, FMT: tl.constexpr, SR: tl.constexpr)
             v = s * enc[:, None]
         else:
             v = s * enc[None, :]
-        return round_to(v, u, FMT, SR), d
+        return round_to(v, u, FMT, SR, CAST_E4M3), d
     else:
         return round_to(s, u, FMT, SR), tl.max(s, axis=AXIS) * 0.0
 
 
 @triton.jit
 def quant_probe_kernel(x_ptr, q_ptr, d_ptr, rng_ptr, M, N, AXIS: tl.constexpr, FMT: tl.constexpr, SR: tl.constexpr,
-                       BM: tl.constexpr, BN: tl.constexpr):
+                       BM: tl.constexpr, BN: tl.constexpr, CAST_E4M3: tl.constexpr = False):
     """Test entry: quantize one (M, N) fp32 matrix (row 0 of ``rng`` = [seed, counter]; element
     index ``m * N + n``) into ``q`` and the scales ``d`` over AXIS."""
     om = tl.arange(0, BM)
@@ -168,7 +177,7 @@ def quant_probe_kernel(x_ptr, q_ptr, d_ptr, rng_ptr, M, N, AXIS: tl.constexpr, F
     s = tl.load(x_ptr + om[:, None] * N + on[None, :], mask=mask, other=0.0)
     key = row_key(tl.load(rng_ptr), tl.load(rng_ptr + 1))
     u = uniform_bits(key, om[:, None] * N + on[None, :])
-    q, d = quantize_tile(s, u, AXIS, FMT, SR)
+    q, d = quantize_tile(s, u, AXIS, FMT, SR, CAST_E4M3)
     tl.store(q_ptr + om[:, None] * N + on[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
     if FMT >= 3:
         if AXIS == 1:
@@ -177,7 +186,7 @@ def quant_probe_kernel(x_ptr, q_ptr, d_ptr, rng_ptr, M, N, AXIS: tl.constexpr, F
             tl.store(d_ptr + on, d, mask=on < N)
 
 
-def quant_probe(x: torch.Tensor, dtype: torch.dtype, axis: int, rng: torch.Tensor | None):
+def quant_probe(x: torch.Tensor, dtype: torch.dtype, axis: int, rng: torch.Tensor | None, cast_e4m3: bool = False):
     """Run ``quant_probe_kernel`` on an (M, N) fp32 matrix; returns (stored values, scales or None)."""
     M, N = x.shape
     q = torch.empty((M, N), dtype=dtype, device=x.device)
@@ -185,7 +194,7 @@ def quant_probe(x: torch.Tensor, dtype: torch.dtype, axis: int, rng: torch.Tenso
     d = torch.empty(M if axis == 1 else N, dtype=torch.float32, device=x.device)
     r = rng if rng is not None else torch.zeros(2, dtype=torch.int64, device=x.device)
     quant_probe_kernel[(1,)](x.contiguous(), q, d, r, M, N, AXIS=axis, FMT=fmt, SR=rng is not None,
-                             BM=triton.next_power_of_2(M), BN=triton.next_power_of_2(N))
+                             BM=triton.next_power_of_2(M), BN=triton.next_power_of_2(N), CAST_E4M3=cast_e4m3)
     return q, (d if fmt >= 3 else None)
 
 

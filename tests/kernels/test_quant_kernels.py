@@ -41,6 +41,23 @@ def test_triton_quantize_is_bit_exact(dtype, axis, sr):
     assert (d is None and dr is None) or torch.equal(d, dr)
 
 
+@pytest.mark.parametrize("axis", [0, 1])
+def test_fp8_nearest_by_the_cast_is_bit_exact(axis):
+    """Nearest e4m3 left to the store's cast (``CAST_E4M3``, what the Gated DeltaNet flush uses; on the
+    GPU the hardware conversion, under the interpreter the integer rounding): the reference's codes,
+    ties to even included (normal and subnormal ties, the top binade, zero)."""
+    from replayssm.kernels.quant_triton import quant_probe
+
+    ties = torch.tensor([448.0, 1.0625, 1.1875, -1.0625, 3 * 2.0 ** -10, 2.0 ** -10, 248.0, -248.0, 0.0, 2.0 ** -12])
+    g = torch.Generator().manual_seed(2)
+    x = torch.cat([ties, torch.randn(30, generator=g) * torch.logspace(-6, 2, 30)])[None, :].repeat(4, 1)
+    x[1:] *= torch.logspace(-3, 1, 3)[:, None]  # rows whose scales are not 1
+    x = x.to(DEV) if axis == 1 else x.t().contiguous().to(DEV)
+    q, d = quant_probe(x, torch.float8_e4m3fn, axis, None, cast_e4m3=True)
+    qr, dr = Q.quantize(x, torch.float8_e4m3fn, axis, None)
+    assert torch.equal(_codes(q), _codes(qr)) and torch.equal(d, dr)
+
+
 def test_int8_nearest_rounds_ties_to_even():
     """Nearest int8 codes: ties to even, like the float formats (and like torch.round), in the kernels
     and the reference; every integer in [-127, 127] and its neighbours stay exact."""

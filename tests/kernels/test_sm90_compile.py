@@ -15,9 +15,9 @@ from replayssm.kernels import quant_triton as Q
 
 target = GPUTarget("cuda", 90, 32)
 stored = {4: "*i8", 3: "*fp8e4nv", 2: "*fp16", 1: "*bf16"}
-for fmt, sr, axis in itertools.product(stored, (False, True), (0, 1)):
+for fmt, sr, axis, cast in itertools.product(stored, (False, True), (0, 1), (False, True)):
     sig = dict(x_ptr="*fp32", q_ptr=stored[fmt], d_ptr="*fp32", rng_ptr="*i64", M="i32", N="i32")
-    consts = dict(AXIS=axis, FMT=fmt, SR=sr, BM=16, BN=64)
+    consts = dict(AXIS=axis, FMT=fmt, SR=sr, BM=16, BN=64, CAST_E4M3=cast)
     triton.compile(ASTSource(Q.quant_probe_kernel, {**sig, **{k: "constexpr" for k in consts}}, constexprs=consts),
                    target=target)
 for fmt in (4, 3):
@@ -29,8 +29,8 @@ print("compiled")
 
 
 def test_quantize_and_decode_routes_compile_for_sm90():
-    """Every stored format x rounding x scale axis of ``quantize_tile`` (the flush kernels' rounding)
-    and the 8-bit code decoding, compiled to a cubin by Triton's own toolchain."""
+    """Every stored format x rounding x scale axis x e4m3 route of ``quantize_tile`` (the flush
+    kernels' rounding) and the 8-bit code decoding, compiled to a cubin by Triton's own toolchain."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]
