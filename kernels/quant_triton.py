@@ -5,11 +5,11 @@ delta-rule kernels. ``FMT`` codes the stored dtype (``state_format``).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from .backend import triton_interpreter_on
 
 #: FMT codes of the stored checkpoint dtypes
 FMT_FP32, FMT_BF16, FMT_FP16, FMT_FP8, FMT_INT8 = 0, 1, 2, 3, 4
@@ -27,7 +27,7 @@ def state_format(dtype: torch.dtype) -> int:
 #: whether a kernel's fp32 -> e4m3 cast rounds to nearest even (the GPU's packed conversion; not the
 #: interpreter's, which rounds ties away): where a caller asks for it (``CAST_E4M3``), nearest fp8
 #: rounding is then left to the store's cast
-CAST_ROUNDS_E4M3 = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") not in ("1", "true", "True"))
+CAST_ROUNDS_E4M3 = tl.constexpr(not triton_interpreter_on())
 
 
 @triton.jit

@@ -14,8 +14,9 @@ further than the last did, as a window's tokens depend only on those before it; 
 caps them, and a run that stops short is flagged ``settled`` false); ``same_as_plain`` tells whether the
 tokens are the plain run's (always so in fp32, ``--dtype float32``, where any difference fails the run).
 Every tokens/s is the median of ``--reps`` timed runs. ``forward_ms`` / ``host_ms``: per round, the model
-forward (synchronised) and the rest of the round, from the median of ``--reps`` more runs. ``--profile N`` (CUDA graphs): for the first ``--accept`` value, ``profile_generate.py``'s figures per
-verify round (device-busy time, kernels, the N largest kernels) from one more run. Writes
+forward (synchronised) and the rest of the round, from the median of ``--reps`` more runs. ``--profile N``
+(CUDA graphs): for the first ``--accept`` value, ``profile_generate.py``'s figures per verify round
+(device-busy time, kernels, the N largest kernels and host operators) from one more run. Writes
 ``speculative.json`` / ``speculative.md`` to ``--out``.
 
     python examples/benchmarks/bench_speculative.py --preset nemotron3-nano-like --accept 1,0.75,0.5,0.25,0

@@ -68,25 +68,24 @@ def profile_steps(model, ids, new: int = 24, top: int = 12, run=None) -> dict:
     syncs = sorted(e.time_range.end for e in events if e.name in SYNCS)
     gaps = [launch - max(s for s in syncs if s <= launch) for launch in launches[1:-1]
             if any(s <= launch for s in syncs)]
-    host: dict[str, list] = {}
-    for e in events:  # operators on the host between the launches, by their own (self) time
-        if e.device_type == torch.autograd.DeviceType.CPU and lo <= e.time_range.start < hi:
-            entry = host.setdefault(e.name, [0.0, 0])
-            entry[0] += e.self_cpu_time_total
-            entry[1] += 1
-    kernels: dict[str, list] = {}
-    for e in device:
-        entry = kernels.setdefault(e.name, [0.0, 0])
-        entry[0] += e.time_range.end - e.time_range.start
-        entry[1] += 1
+    host = [(e.name, e.self_cpu_time_total) for e in events  # host operators by their own time
+            if e.device_type == torch.autograd.DeviceType.CPU and lo <= e.time_range.start < hi]
     return {"profiled_step_us": (hi - lo) / steps,
             "device_busy_us": _union((e.time_range.start, e.time_range.end) for e in device) / steps,
             "host_gap_us": sum(gaps) / max(len(gaps), 1), "kernels_per_step": len(device) / steps,
-            "top_us_count": [(name[:100], round(us / steps, 1), round(n / steps, 1))
-                             for name, (us, n) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]],
-            "host_top_us_count": [(name[:100], round(us / steps, 1), round(n / steps, 1))
-                                  for name, (us, n) in sorted(host.items(), key=lambda kv: -kv[1][0])[:top]]}
+            "top_us_count": _largest(((e.name, e.time_range.end - e.time_range.start) for e in device), steps, top),
+            "host_top_us_count": _largest(host, steps, top)}
 
+
+def _largest(named_us, steps: int, top: int) -> list:
+    """The ``top`` names by total time: (name, us per step, occurrences per step)."""
+    totals: dict[str, list] = {}
+    for name, us in named_us:
+        entry = totals.setdefault(name, [0.0, 0])
+        entry[0] += us
+        entry[1] += 1
+    return [(name[:100], round(us / steps, 1), round(n / steps, 1))
+            for name, (us, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]]
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
