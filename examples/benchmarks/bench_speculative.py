@@ -13,11 +13,14 @@ oracle, and repeats until a run reproduces its oracle (``oracle_runs``; each run
 further than the last did, as a window's tokens depend only on those before it; ``--max-oracle-runs``
 caps them, and a run that stops short is flagged ``settled`` false); ``same_as_plain`` tells whether the
 tokens are the plain run's (always so in fp32, ``--dtype float32``, where any difference fails the run).
-Every tokens/s is the median of ``--reps`` timed runs. ``forward_ms`` / ``host_ms``: per round, the model
-forward (synchronised) and the rest of the round, from the median of ``--reps`` more runs. ``--profile N``
-(CUDA graphs): for the first ``--accept`` value, ``profile_generate.py``'s figures per verify round
-(device-busy time, kernels, the N largest kernels and host operators) from one more run. Writes
-``speculative.json`` / ``speculative.md`` to ``--out``.
+Decode rates come from two lengths, as `replayssm bench`'s step times do: ``tokens_per_s`` is
+(new - short) / (t(new) - t(short)) over ``--new-tokens`` and ``--short-tokens`` runs (each time the median of
+``--reps``), so the prefill and the first rounds cancel; ``e2e_tokens_per_s`` is new / t(new), prefill
+included. ``round_ms``: a verify round by the same difference; ``forward_ms``: the window forward alone
+(synchronised, the prefill's forward left out), the median of ``--reps`` more runs; ``host_ms`` = round -
+forward, the loop's host work the GPU waits for. ``--profile N`` (CUDA graphs): for the first ``--accept``
+value, ``profile_generate.py``'s figures per verify round (device-busy time, kernels, the N largest kernels
+and host operators) from one more run. Writes ``speculative.json`` / ``speculative.md`` to ``--out``.
 
     python examples/benchmarks/bench_speculative.py --preset nemotron3-nano-like --accept 1,0.75,0.5,0.25,0
     python examples/benchmarks/bench_speculative.py --smoke      # tiny model, any machine
@@ -94,15 +97,23 @@ def _greedy(model, ids, new, **kw):
 
 
 def _rate(out, ids, seconds) -> float:
-    """New tokens per second of one run (a row may stop early at EOS)."""
+    """New tokens per second of one run, prefill included (a row may stop early at EOS)."""
     return round((out.shape[1] - ids.shape[1]) / seconds, 2)
 
 
+def _decode_rate(long, short) -> float:
+    """Tokens per second between a short and a long run (each ``(output, seconds, ...)``): the prefill
+    and the first steps cancel."""
+    tokens = long[0].shape[1] - short[0].shape[1]
+    return round(tokens / max(long[1] - short[1], 1e-9), 2)
+
+
 class ForwardClock:
-    """Context: times every forward of ``model`` (synchronised before and after)."""
+    """Context: times every forward of ``model`` but the first of a ``generate()`` call, the prefill
+    (synchronised before and after)."""
 
     def __init__(self, model):
-        self.model, self.seconds = model, 0.0
+        self.model, self.seconds, self.calls = model, 0.0, 0
 
     def __enter__(self):
         self.saved = self.model.__dict__.get("forward")
@@ -110,6 +121,9 @@ class ForwardClock:
 
         @functools.wraps(inner)  # generate() checks its keyword arguments against the signature
         def clocked(*args, **kwargs):
+            self.calls += 1
+            if self.calls == 1:
+                return inner(*args, **kwargs)
             _sync()
             start = time.perf_counter()
             out = inner(*args, **kwargs)
@@ -143,15 +157,20 @@ def _window_replays(model) -> int:
 
 
 def run(model, ids, args) -> list[dict]:
-    new, rows = args.new_tokens, []
+    new, short, rows = args.new_tokens, args.short_tokens, []
     vocab = model.config.get_text_config().vocab_size
+
+    def timed_pair(fn):  # the median (output, seconds, ...) of --reps runs, long then short
+        fn(new)  # (warm: captures its graphs)
+        return [_median([fn(n) for _ in range(args.reps)]) for n in (new, short)]
+
     for graphs in ([False, True] if ids.is_cuda else [False]):
         replayssm.patch(model, buffer_len=args.buffer_len, cuda_graphs=graphs)
-        _greedy(model, ids, new)
-        plain, seconds = _median([_timed(lambda: _greedy(model, ids, new)) for _ in range(args.reps)])
+        long, brief = timed_pair(lambda n: _timed(lambda: _greedy(model, ids, n)))
         rows.append(dict(mode="plain, CUDA graphs" if graphs else "plain, eager", accept=None,
-                         tokens_per_s=_rate(plain, ids, seconds), same_as_plain=True))
-    base = rows[-1]["tokens_per_s"]  # the best plain run: the speculative runs decode the same way
+                         tokens_per_s=_decode_rate(long, brief),
+                         e2e_tokens_per_s=_rate(long[0], ids, long[1]), same_as_plain=True))
+        plain = long[0]
     graphs = ids.is_cuda  # (their windows in CUDA graphs)
     replayssm.patch(model, buffer_len=args.buffer_len, cuda_graphs=graphs)
     suffix = ", CUDA graphs" if graphs else ", eager"
@@ -164,16 +183,16 @@ def run(model, ids, args) -> list[dict]:
                 break
             oracle = out
         replays = _window_replays(model)
-        out, seconds, drafter = _median([_speculative(model, ids, new, args.draft, oracle, accept, vocab)
-                                         for _ in range(args.reps)])
-        replays = (_window_replays(model) - replays) // args.reps
+        long, brief = timed_pair(lambda n: _speculative(model, ids, n, args.draft, oracle, accept, vocab))
+        replays = (_window_replays(model) - replays) // (2 * args.reps + 1)
+        out, drafter = long[0], long[2]
         clocks = []
         for _ in range(args.reps):
             with ForwardClock(model) as clock:
-                _, clocked, _ = _speculative(model, ids, new, args.draft, oracle, accept, vocab)
-            clocks.append((clock.seconds, clocked))
-        forward_s, clocked = sorted(clocks)[args.reps // 2]
-        rounds = max(drafter.rounds, 1)
+                _, _, clocked = _speculative(model, ids, new, args.draft, oracle, accept, vocab)
+            clocks.append(clock.seconds / max(clock.calls - 1, 1))
+        forward_ms = sorted(clocks)[args.reps // 2] * 1e3
+        round_ms = (long[1] - brief[1]) / max(drafter.rounds - brief[2].rounds, 1) * 1e3
         if args.profile and graphs and accept == args.accept[0]:
             from profile_generate import profile_steps
 
@@ -181,23 +200,25 @@ def run(model, ids, args) -> list[dict]:
                 model, ids, new, args.draft, oracle, accept, vocab))
             print(json.dumps({"profile_per_round": profiled, "accept": accept}), flush=True)
         rows.append(dict(mode=f"oracle drafter, {args.draft} per round{suffix}", accept=accept,
-                         tokens_per_s=_rate(out, ids, seconds), rounds=drafter.rounds,
-                         acceptance=round(drafter.agreed / max(drafter.drafted, 1), 3),
+                         tokens_per_s=_decode_rate(long, brief), e2e_tokens_per_s=_rate(out, ids, long[1]),
+                         rounds=drafter.rounds, acceptance=round(drafter.agreed / max(drafter.drafted, 1), 3),
                          oracle_runs=runs, settled=bool(torch.equal(out, oracle)),
                          same_as_plain=bool(torch.equal(out, plain)), window_replays=replays,
-                         forward_ms=round(forward_s / rounds * 1e3, 3),
-                         host_ms=round((clocked - forward_s) / rounds * 1e3, 3)))
+                         round_ms=round(round_ms, 3), forward_ms=round(forward_ms, 3),
+                         host_ms=round(round_ms - forward_ms, 3)))
     repeating = ids[:, : max(ids.shape[1] // 4, 2)].repeat(1, 4)
-    _greedy(model, repeating, new, prompt_lookup_num_tokens=args.draft)  # (captures its windows)
-    plain_rep, seconds_plain = _median([_timed(lambda: _greedy(model, repeating, new)) for _ in range(args.reps)])
-    out, seconds = _median([_timed(lambda: _greedy(model, repeating, new, prompt_lookup_num_tokens=args.draft))
-                            for _ in range(args.reps)])
+    plain_long, plain_brief = timed_pair(lambda n: _timed(lambda: _greedy(model, repeating, n)))
+    long, brief = timed_pair(lambda n: _timed(lambda: _greedy(model, repeating, n,
+                                                               prompt_lookup_num_tokens=args.draft)))
     rows.append(dict(mode=f"prompt lookup, repeating prompt{suffix}", accept=None,
-                     tokens_per_s=_rate(out, repeating, seconds),
-                     plain_tokens_per_s=_rate(plain_rep, repeating, seconds_plain),
-                     same_as_plain=bool(torch.equal(out, plain_rep))))
+                     tokens_per_s=_decode_rate(long, brief),
+                     e2e_tokens_per_s=_rate(long[0], repeating, long[1]),
+                     plain_tokens_per_s=_decode_rate(plain_long, plain_brief),
+                     same_as_plain=bool(torch.equal(long[0], plain_long[0]))))
+    base = rows[1 if ids.is_cuda else 0]  # the best plain decoding: the speculative rows decode the same way
     for row in rows:
-        row["vs_plain"] = round(row["tokens_per_s"] / base, 3)
+        row["vs_plain"] = round(row["tokens_per_s"] / base["tokens_per_s"], 3)
+        row["e2e_vs_plain"] = round(row["e2e_tokens_per_s"] / base["e2e_tokens_per_s"], 3)
     replayssm.unpatch(model)
     return rows
 
@@ -205,7 +226,9 @@ def run(model, ids, args) -> list[dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="nemotron3-nano-like")
-    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=136)
+    ap.add_argument("--short-tokens", type=int, default=16,
+                    help="the short run of the decode rate (new - short tokens are timed)")
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--draft", type=int, default=4)
     ap.add_argument("--accept", default="1,0.75,0.5,0.25,0", help="comma-separated acceptance probabilities")
@@ -227,9 +250,13 @@ def main(argv=None) -> int:
         print("bench_speculative.py: --draft must be below --buffer-len and --accept values within [0, 1]",
               file=sys.stderr)
         return 2
+    if not 1 <= args.short_tokens < args.new_tokens:
+        print(f"bench_speculative.py: --short-tokens must be within [1, --new-tokens); got {args.short_tokens} "
+              f"and {args.new_tokens}", file=sys.stderr)
+        return 2
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     if args.smoke:
-        args.new_tokens, args.prompt_len = 24, 8
+        args.new_tokens, args.short_tokens, args.prompt_len = 21, 6, 8
         model, name = build_tiny_model("tiny:nemotron_h"), "tiny:nemotron_h"
     else:
         model, name = build_preset(args.preset, getattr(torch, args.dtype), device), args.preset
@@ -247,12 +274,13 @@ def main(argv=None) -> int:
     (out / "speculative.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
     lines = [f"{meta['date']} · {name} · {meta['device']} · torch {meta['torch']} · transformers "
              f"{meta['transformers']} · L = {args.buffer_len} · `{meta['command']}`", "",
-             "| mode | acceptance | tokens/s | x plain (same decoding) | rounds | forward ms / round | "
-             "host ms / round | oracle runs | same tokens as plain greedy |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| mode | acceptance | decode tokens/s | x plain | tokens/s with prefill | x plain | rounds | "
+             "round ms | forward ms | host ms | oracle runs | same tokens as plain greedy |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     lines += [f"| {r['mode']} | {r.get('acceptance', '')} | {r['tokens_per_s']} | {r['vs_plain']} | "
-              f"{r.get('rounds', '')} | {r.get('forward_ms', '')} | {r.get('host_ms', '')} | "
-              f"{r.get('oracle_runs', '')} | {r['same_as_plain']} |" for r in rows]
+              f"{r['e2e_tokens_per_s']} | {r['e2e_vs_plain']} | {r.get('rounds', '')} | {r.get('round_ms', '')} | "
+              f"{r.get('forward_ms', '')} | {r.get('host_ms', '')} | {r.get('oracle_runs', '')} | "
+              f"{r['same_as_plain']} |" for r in rows]
     (out / "speculative.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if meta["dtype"] == "float32":  # token for token the plain greedy output, whatever was drafted

@@ -141,10 +141,13 @@ def test_speculative_benchmark_smoke_run(tmp_path):
     rows = data["rows"]
     assert [r["mode"] for r in rows] == ["plain, eager"] + ["oracle drafter, 4 per round, eager"] * 3 + [
         "prompt lookup, repeating prompt, eager"]
-    assert all(r["same_as_plain"] and r["tokens_per_s"] > 0 for r in rows)
+    assert all(r["same_as_plain"] and r["tokens_per_s"] > 0 and r["e2e_tokens_per_s"] > 0 for r in rows)
     for r in rows[1:4]:  # fp32: the plain continuation is the speculative one; every round timed in parts
-        assert r["oracle_runs"] == 1 and r["settled"] and r["forward_ms"] > 0 and r["host_ms"] > 0
-    assert all(abs(r["vs_plain"] - r["tokens_per_s"] / rows[0]["tokens_per_s"]) < 1e-2 for r in rows)
+        assert r["oracle_runs"] == 1 and r["settled"] and r["forward_ms"] > 0 and r["round_ms"] > 0
+        assert abs(r["forward_ms"] + r["host_ms"] - r["round_ms"]) < 2e-3
+    for key in ("", "e2e_"):
+        assert all(abs(r[f"{key}vs_plain"] - r[f"{key}tokens_per_s"] / rows[0][f"{key}tokens_per_s"]) < 1e-2
+                   for r in rows)
     assert [r["accept"] for r in rows[1:4]] == [1.0, 0.5, 0.0]
     assert rows[1]["acceptance"] == 1.0 and rows[3]["acceptance"] == 0.0 and rows[1]["rounds"] < rows[3]["rounds"]
     assert data["meta"]["model"] == "tiny:nemotron_h" and "--smoke" in data["meta"]["command"]
@@ -152,3 +155,6 @@ def test_speculative_benchmark_smoke_run(tmp_path):
     bad = subprocess.run([sys.executable, script, "--smoke", "--draft", "16"], capture_output=True, text=True,
                          env=ENV, timeout=120)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--draft must be below --buffer-len" in bad.stderr
+    bad = subprocess.run([sys.executable, script, "--short-tokens", "200"], capture_output=True, text=True,
+                         env=ENV, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--short-tokens must be within" in bad.stderr
