@@ -14,6 +14,9 @@
   their past (so ``speculative`` answers ``is_compileable`` as a non-recording layer would) and its
   ``StaticIndexedLayer.crop`` keeps the cropped tokens' indexer positions (``speculative`` crops
   them where the class left them).
+* 5.24's assisted loop enters ``_optimize_model_for_decode`` (switching a MoE's experts to
+  ``batched_mm`` and back, two walks over every module) around every verify forward; 5.17 enters it
+  once around the sampling loop only. ``DECODE_SWITCH`` names that context where the class has it.
 * Gated DeltaNet: 5.17 expands q/k to the value heads inside the mixer, 5.23+ inside the
   recurrent function; the ReplaySSM layers do their own expansion, so this only matters
   to code that calls transformers' functions.
@@ -28,6 +31,8 @@ from typing import Any
 import torch
 
 CACHE_KWARGS = ("cache", "cache_params", "past_key_values")
+#: the generation mixin's context that switches MoE experts for decoding (5.17+)
+DECODE_SWITCH = "_optimize_model_for_decode"
 
 
 def find_cache(kwargs: dict[str, Any]):

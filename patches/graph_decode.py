@@ -15,6 +15,9 @@ there) gets pooled slots of its own: after the prefill, every forward of T new t
 window, T = 1 in rounds without drafts) is captured once per shape on its second occurrence and
 replayed after that, while every ReplaySSM layer has all its entries committed (the state each
 crop leaves, which the captured window assumed: ``speculative.settled``); the crops run eagerly.
+transformers' decode context (a MoE's experts switched to ``batched_mm``), which the assisted loop
+enters and leaves around every forward, is entered once per call here and left when ``generate``
+returns: a captured forward is the same either way, and each switch walks every module twice.
 
 Whatever the graphs cannot serve falls back to the eager patched path with one log line: beam
 search, a cache passed in, a cache implementation asked for, a model off CUDA, a sliding-window
@@ -24,6 +27,7 @@ attention layer (its cache keeps a host-side counter that a graph would freeze),
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import logging
@@ -50,7 +54,7 @@ GRAPH_SAFE_LAYERS = frozenset({"StaticLayer", "LinearAttentionLayer", "LinearAtt
 MIN_LEN = 64
 #: pooled caches (with their graphs) kept per model; the least recently used goes first
 MAX_SLOTS = 4
-_WRAPPED = ("generate", "forward", "prepare_inputs_for_generation")
+_WRAPPED = ("generate", "forward", "prepare_inputs_for_generation", compat.DECODE_SWITCH)
 #: decoding modes whose loop (transformers' ``_sample``) copies a step's logits before the next step
 _COPYING_MODES = (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE)
 _ASSISTED = ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit", "assistant_tokenizer")
@@ -266,6 +270,8 @@ class GraphDecoder:
         self._original_generate = model.generate
         self._original_forward = model.forward
         self._original_prepare = model.prepare_inputs_for_generation
+        self._original_switch = getattr(model, compat.DECODE_SWITCH, None)
+        self._switched: contextlib.ExitStack | None = None  # the decode context, while a call holds it
         self._saved = {name: model.__dict__[name] for name in _WRAPPED if name in model.__dict__}
 
     # ------------------------------------------------------------ install
@@ -292,6 +298,8 @@ class GraphDecoder:
 
         model.generate, model.forward = generate, forward
         model.prepare_inputs_for_generation = prepare_inputs_for_generation
+        if decoder._original_switch is not None:
+            setattr(model, compat.DECODE_SWITCH, decoder.decode_switch)
         setattr(model, ATTR, decoder)
         return decoder
 
@@ -320,6 +328,16 @@ class GraphDecoder:
         return [slot.report() for slot in self.slots]
 
     # ------------------------------------------------------------ generate
+    def decode_switch(self):
+        """transformers' decode context: entered at its first use in a graph-decoded call and held until
+        ``generate`` returns (an empty context for the later uses); outside such a call, the original."""
+        if self.current is None:
+            return self._original_switch()
+        if self._switched is None:
+            self._switched = contextlib.ExitStack()
+            self._switched.enter_context(self._original_switch())
+        return contextlib.nullcontext()
+
     def _log_once(self, reason: str) -> None:
         if reason not in self._logged:
             self._logged.add(reason)
@@ -400,6 +418,9 @@ class GraphDecoder:
             result = self._original_generate(*args, **kwargs)
         finally:
             self.current = None
+            if self._switched is not None:
+                self._switched, switched = None, self._switched
+                switched.close()
             if slot.ahead is not None:
                 inputs_agreed = slot.ahead.finish()
                 slot.launched_ahead += slot.ahead.launched

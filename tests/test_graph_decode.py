@@ -7,6 +7,7 @@ real capture is tested on the GPU (tests/test_graph_decode_gpu.py).
 """
 
 import contextlib
+import functools
 import logging
 
 import pytest
@@ -163,6 +164,57 @@ def test_assisted_generation_replays_its_windows(family, cpu_graphs, caplog):
         assert windows[0]["window_replays"] == sum(replays)
     finally:
         replayssm.unpatch(model)
+
+
+@pytest.mark.parametrize("assisted", [False, True])
+def test_decode_context_is_entered_once_a_call_and_left_at_its_end(assisted, cpu_graphs):
+    """transformers' decode context (a MoE's experts switched for decoding; 5.24 enters it around every
+    verify forward) is entered at its first use in a graph-decoded call, held over every later forward
+    and left when ``generate`` returns; outside such a call it is the original; unpatch restores it."""
+    model = tiny("nemotron_h")
+    if not hasattr(model, compat.DECODE_SWITCH):
+        pytest.skip(f"this transformers has no {compat.DECODE_SWITCH}")
+    if assisted and compat.assisted_generation_gap(model):
+        pytest.skip(compat.assisted_generation_gap(model))
+    events, forwards = [], []
+
+    @contextlib.contextmanager
+    def switch():
+        events.append(("enter", len(forwards)))
+        yield
+        events.append(("exit", len(forwards)))
+
+    model._optimize_model_for_decode = switch  # (the instance's own: unpatch must bring it back)
+    ids, kw = _prompt_and_greedy_kwargs(seed=3)
+    kw["max_new_tokens"] = kw["min_new_tokens"] = 12
+    try:
+        replayssm.patch(model, buffer_len=8, cuda_graphs=True)
+        ref = model.generate(ids, **kw)
+        inner = model.forward
+
+        @functools.wraps(inner)  # (generate() checks its keywords against the signature)
+        def counted(*args, **kwargs):
+            forwards.append(1)
+            return inner(*args, **kwargs)
+
+        model.forward = counted
+        for _ in range(2):
+            events.clear()
+            forwards.clear()
+            if assisted:
+                with drafting(model, ScriptedDrafter(model, ref, 4, seed=2, min_draft=0)):
+                    out = model.generate(ids, prompt_lookup_num_tokens=4, **kw)
+            else:
+                out = model.generate(ids, **kw)
+            assert torch.equal(out, ref)
+            # entered before the first decode forward (after the prefill), left after the last one
+            assert len(forwards) > 2 and events == [("enter", 1), ("exit", len(forwards))], events
+        with model._optimize_model_for_decode():  # outside generate(): the original context
+            pass
+        assert events[-2:] == [("enter", len(forwards)), ("exit", len(forwards))]
+    finally:
+        replayssm.unpatch(model)
+    assert model.__dict__["_optimize_model_for_decode"] is switch
 
 
 @pytest.mark.parametrize("family", ["nemotron_h", "qwen3_5"])
