@@ -182,15 +182,14 @@ def run(model, ids, args) -> list[dict]:
             if torch.equal(out, oracle) or runs == args.max_oracle_runs:
                 break
             oracle = out
-        replays = _window_replays(model)
         long, brief = timed_pair(lambda n: _speculative(model, ids, n, args.draft, oracle, accept, vocab))
-        replays = (_window_replays(model) - replays) // (2 * args.reps + 1)
         out, drafter = long[0], long[2]
-        clocks = []
+        clocks, replays = [], _window_replays(model)
         for _ in range(args.reps):
             with ForwardClock(model) as clock:
-                _, _, clocked = _speculative(model, ids, new, args.draft, oracle, accept, vocab)
+                _speculative(model, ids, new, args.draft, oracle, accept, vocab)
             clocks.append(clock.seconds / max(clock.calls - 1, 1))
+        replays = (_window_replays(model) - replays) // args.reps
         forward_ms = sorted(clocks)[args.reps // 2] * 1e3
         round_ms = (long[1] - brief[1]) / max(drafter.rounds - brief[2].rounds, 1) * 1e3
         if args.profile and graphs and accept == args.accept[0]:
