@@ -142,9 +142,16 @@ def study_one(model_name, seed, args, device, on_variant) -> dict:
     ref_std = torch.empty(S, B, device=device)
     ref_sub = torch.empty(S, B, sample.numel(), device=device)
 
+    def progress(name, t, start):  # a line per bin on stderr: where a long run spends its time
+        if (t + 1) % args.bin == 0:
+            print(f"{model_name} seed {seed} {name}: {t + 1}/{S} steps, {time.perf_counter() - start:.1f} s",
+                  file=sys.stderr, flush=True)
+
     def keep_ref(t, logits):
         ref_argmax[t], ref_std[t], ref_sub[t] = logits.argmax(-1), logits.std(-1), logits[:, sample]
+        progress("reference", t, ref_start)
 
+    ref_start = time.perf_counter()
     with VariantModel(model, args.reference, args.backend):
         tokens = run_generate(model, ids, S, TeacherForcing(args.prompt_len, keep_ref))[:, args.prompt_len:]
     results = {}
@@ -156,6 +163,7 @@ def study_one(model_name, seed, args, device, on_variant) -> dict:
             d = (logits[:, sample] - ref_sub[t]).abs() / ref_std[t][:, None]
             mean[t] = d.mean()
             p99[t] = torch.quantile(d.flatten(), 0.99)
+            progress(name, t, start)
 
         start = time.perf_counter()
         with VariantModel(model, name, args.backend) as graphs:
