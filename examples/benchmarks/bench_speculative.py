@@ -3,7 +3,11 @@
 An oracle drafter proposes ``--draft`` tokens per round from the model's own greedy continuation, each
 agreeing with probability ``--accept`` until the first disagreement (1.0: every draft accepted, drafting cost
 zero: the upper bound that isolates verify and rollback). Beside it: plain decoding eager and with CUDA graphs
-(where available), and transformers' own prompt-lookup mode on a prompt that repeats itself.
+(where available), and transformers' own drafters: prompt lookup on a prompt that repeats itself, and a
+small draft model (``--draft-model``: a 2-layer Llama of the target's vocabulary, random weights, so its
+drafts agree with the target about as often as chance: the row measures what drafting costs; the oracle
+rows tell what a draft of a given acceptance buys). Their acceptance is counted through the candidate
+generator transformers builds (drafted tokens, and the matches it reports back).
 
 The oracle is the speculative run's own continuation: in bf16 a verify window's logits round otherwise than
 a single step's (other GEMM shapes), so where two logits nearly tie the window's argmax may differ from the
@@ -69,6 +73,55 @@ class OracleDrafter(CandidateGenerator):
 
     def update_candidate_strategy(self, input_ids, scores, num_matches):
         pass
+
+
+class CountingCandidates:
+    """Proxy of the candidate generator transformers builds: counts rounds, drafted and accepted tokens."""
+
+    def __init__(self, inner):
+        self.inner, self.rounds, self.drafted, self.agreed = inner, 0, 0, 0
+
+    def get_candidates(self, input_ids, *args, **kwargs):
+        candidates, logits = self.inner.get_candidates(input_ids, *args, **kwargs)
+        self.rounds, self.drafted = self.rounds + 1, self.drafted + candidates.shape[1] - input_ids.shape[1]
+        return candidates, logits
+
+    def update_candidate_strategy(self, input_ids, scores, num_matches):
+        self.agreed += int(num_matches)
+        return self.inner.update_candidate_strategy(input_ids, scores, num_matches)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def _counted(model, fn):
+    """(fn()'s result, the CountingCandidates of the call): ``fn`` runs one assisted ``generate()``."""
+    built = []
+    original = model._get_candidate_generator
+
+    def counting(*args, **kwargs):
+        built.append(CountingCandidates(original(*args, **kwargs)))
+        return built[-1]
+
+    model._get_candidate_generator = counting  # instance attribute, removed below
+    try:
+        result = fn()
+    finally:
+        model.__dict__.pop("_get_candidate_generator", None)
+    return result, built[-1]
+
+
+def build_draft_model(model, draft: int):
+    """A 2-layer Llama (hidden 512) with the target's vocabulary, dtype and device, random weights, set to
+    draft ``draft`` tokens every round (transformers' constant schedule, no confidence cut-off)."""
+    config = transformers.LlamaConfig(
+        vocab_size=model.config.get_text_config().vocab_size, hidden_size=512, intermediate_size=1536,
+        num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=4096)
+    torch.manual_seed(1)
+    small = transformers.LlamaForCausalLM(config).to(device=model.device, dtype=model.dtype).eval()
+    small.generation_config.update(num_assistant_tokens=draft, num_assistant_tokens_schedule="constant",
+                                   assistant_confidence_threshold=0.0, eos_token_id=None, pad_token_id=0)
+    return small
 
 
 def _sync():
@@ -207,13 +260,21 @@ def run(model, ids, args) -> list[dict]:
                          host_ms=round(round_ms - forward_ms, 3)))
     repeating = ids[:, : max(ids.shape[1] // 4, 2)].repeat(1, 4)
     plain_long, plain_brief = timed_pair(lambda n: _timed(lambda: _greedy(model, repeating, n)))
-    long, brief = timed_pair(lambda n: _timed(lambda: _greedy(model, repeating, n,
-                                                               prompt_lookup_num_tokens=args.draft)))
-    rows.append(dict(mode=f"prompt lookup, repeating prompt{suffix}", accept=None,
-                     tokens_per_s=_decode_rate(long, brief),
-                     e2e_tokens_per_s=_rate(long[0], repeating, long[1]),
-                     plain_tokens_per_s=_decode_rate(plain_long, plain_brief),
-                     same_as_plain=bool(torch.equal(long[0], plain_long[0]))))
+    drafted = [("prompt lookup, repeating prompt", repeating, plain_long, plain_brief,
+                dict(prompt_lookup_num_tokens=args.draft))]
+    if args.draft_model == "llama-2x512":
+        drafted.append(("draft model (Llama, 2 layers, hidden 512, random)", ids, [plain], None,
+                        dict(assistant_model=build_draft_model(model, args.draft))))
+    for mode, prompt, ref_long, ref_brief, kw in drafted:
+        long, brief = timed_pair(lambda n: _timed(lambda: _greedy(model, prompt, n, **kw)))
+        _, counter = _counted(model, lambda: _greedy(model, prompt, new, **kw))
+        row = dict(mode=mode + suffix, accept=None, tokens_per_s=_decode_rate(long, brief),
+                   e2e_tokens_per_s=_rate(long[0], prompt, long[1]), rounds=counter.rounds,
+                   acceptance=round(counter.agreed / max(counter.drafted, 1), 3),
+                   same_as_plain=bool(torch.equal(long[0], ref_long[0])))
+        if ref_brief is not None:
+            row["plain_tokens_per_s"] = _decode_rate(ref_long, ref_brief)
+        rows.append(row)
     base = rows[1 if ids.is_cuda else 0]  # the best plain decoding: the speculative rows decode the same way
     for row in rows:
         row["vs_plain"] = round(row["tokens_per_s"] / base["tokens_per_s"], 3)
@@ -238,6 +299,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="out/bench")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="also profile the verify rounds of the first --accept value, listing N kernels")
+    ap.add_argument("--draft-model", choices=("llama-2x512", "none"), default="llama-2x512",
+                    help="the draft model of the assistant_model row (none: no such row)")
     ap.add_argument("--smoke", action="store_true", help="tiny:nemotron_h on this machine, few tokens")
     args = ap.parse_args(argv)
     try:
@@ -255,7 +318,7 @@ def main(argv=None) -> int:
         return 2
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     if args.smoke:
-        args.new_tokens, args.short_tokens, args.prompt_len = 21, 6, 8
+        args.new_tokens, args.short_tokens, args.prompt_len = 46, 6, 8
         model, name = build_tiny_model("tiny:nemotron_h"), "tiny:nemotron_h"
     else:
         model, name = build_preset(args.preset, getattr(torch, args.dtype), device), args.preset

@@ -140,7 +140,7 @@ def test_speculative_benchmark_smoke_run(tmp_path):
     data = json.loads((tmp_path / "speculative.json").read_text())
     rows = data["rows"]
     assert [r["mode"] for r in rows] == ["plain, eager"] + ["oracle drafter, 4 per round, eager"] * 3 + [
-        "prompt lookup, repeating prompt, eager"]
+        "prompt lookup, repeating prompt, eager", "draft model (Llama, 2 layers, hidden 512, random), eager"]
     assert all(r["same_as_plain"] and r["tokens_per_s"] > 0 and r["e2e_tokens_per_s"] > 0 for r in rows)
     for r in rows[1:4]:  # fp32: the plain continuation is the speculative one; every round timed in parts
         assert r["oracle_runs"] == 1 and r["settled"] and r["forward_ms"] > 0 and r["round_ms"] > 0
@@ -149,6 +149,8 @@ def test_speculative_benchmark_smoke_run(tmp_path):
         assert all(abs(r[f"{key}vs_plain"] - r[f"{key}tokens_per_s"] / rows[0][f"{key}tokens_per_s"]) < 1e-2
                    for r in rows)
     assert [r["accept"] for r in rows[1:4]] == [1.0, 0.5, 0.0]
+    for r in rows[4:]:  # transformers' drafters, counted through its candidate generator: 4 drafted a round
+        assert r["rounds"] > 0 and 0.0 <= r["acceptance"] <= 1.0
     assert rows[1]["acceptance"] == 1.0 and rows[3]["acceptance"] == 0.0 and rows[1]["rounds"] < rows[3]["rounds"]
     assert data["meta"]["model"] == "tiny:nemotron_h" and "--smoke" in data["meta"]["command"]
     assert data["meta"]["dtype"] == "float32"
