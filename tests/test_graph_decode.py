@@ -176,6 +176,8 @@ def test_decode_context_is_entered_once_a_call_and_left_at_its_end(assisted, cpu
         pytest.skip(f"this transformers has no {compat.DECODE_SWITCH}")
     if assisted and compat.assisted_generation_gap(model):
         pytest.skip(compat.assisted_generation_gap(model))
+    if assisted and compat.refuses_assisted_on_static_caches():
+        pytest.skip("assisted generation decodes eagerly before transformers 5.18 (no graphs, no context)")
     events, forwards = [], []
 
     @contextlib.contextmanager
