@@ -28,14 +28,20 @@ _SWITCHED = "_replayssm_attention_views"
 
 def grouped_sdpa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                            **kwargs):
-    """The Triton decode kernel for a one-token query it serves; otherwise transformers' ``sdpa``
+    """An MLA module's latents through ``latent_attention``; the Triton decode kernel for a one-token
+    query it serves; otherwise transformers' ``sdpa``
     attention, except that on 5.17-5.23 a one-token query (B, H, 1, D) of a grouped-query layer runs as
     (B, H_kv, H / H_kv, D) against the un-repeated keys and values (B, H_kv, S, D): the same products
     per query head, without materialising the repeated cache."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    from . import latent_attention
     from .decode_attention import kernel_attention
 
+    if latent_attention.latent_call(module):  # key and value are an MLA module's latents (its expand_kv's mark)
+        return latent_attention.attend(module, query, key, value, attention_mask, dropout, scaling, kwargs, lambda k, v:
+                                       grouped_sdpa_attention(module, query, k, v, attention_mask, dropout, scaling,
+                                                              is_causal, **kwargs)[0]), None
     out = kernel_attention(query, key, value, attention_mask, dropout, scaling, kwargs)
     if out is not None:
         return out, None

@@ -1,4 +1,4 @@
-"""What a patched model changes outside its SSM layers, to decode faster; numerically the same model.
+"""What a patched model changes outside its SSM layers, to decode faster; the same model up to rounding.
 
 * Attention: the attention modules' implementation (theirs only: the config objects keep ``sdpa``)
   becomes a registered form of ``sdpa`` whose one-token queries on CUDA run the Triton
@@ -7,6 +7,10 @@
   transformers 5.17-5.23 would repeat the KV cache per query head
   (``attention_switch.use_grouped_decode_attention``). A model whose modeling code compares the name with
   ``"sdpa"`` (5.24's glm5_next) keeps ``sdpa``: under another name it would compute differently.
+* Multi-head latent attention (the ``expand_kv`` form: Kimi-Linear, Bailing-hybrid) attends a one-token
+  query on the cached latents instead of expanding the whole cache into per-head keys and values
+  every step (``latent_attention``): the same attention with the products regrouped, in fp32; the
+  first such call of each module checks it against the expanded form.
 * The decoder layers' plain RMSNorms run as one Triton launch each on CUDA tensors, checked
   against the module on their first call (``fused_norm.fuse_decoder_norms``).
 * The ``nn.Linear`` layers run a weight-streaming Triton GEMV for one-row CUDA inputs with 16-bit
@@ -15,7 +19,7 @@
   only in the last rounding; fp32 weights keep cuBLAS. Projections sharing an input run as one launch
   there, and a gated MLP's gate and up as one gated launch.
 
-All three are per instance and undone by ``drop_decode_speedups`` (``unpatch``).
+All four are per instance and undone by ``drop_decode_speedups`` (``unpatch``).
 """
 
 from __future__ import annotations
@@ -23,17 +27,20 @@ from __future__ import annotations
 import torch
 
 from . import attention_switch
+from .latent_attention import restore_latent_decode, use_latent_decode
 from .fused_linear import fuse_decode_linears, unfuse_decode_linears
 from .fused_norm import fuse_decoder_norms, unfuse_decoder_norms
 
 
 def use_decode_speedups(model: torch.nn.Module) -> None:
     attention_switch.use_grouped_decode_attention(model)
+    use_latent_decode(model, attention_switch.GROUPED_SDPA)
     fuse_decoder_norms(model)
     fuse_decode_linears(model)
 
 
 def drop_decode_speedups(model: torch.nn.Module) -> None:
+    restore_latent_decode(model)
     attention_switch.restore_decode_attention(model)
     unfuse_decoder_norms(model)
     unfuse_decode_linears(model)

@@ -17,7 +17,7 @@ import torch
 import replayssm
 from replayssm.kernels.attention import (DecodeLaunch, decode_attention, decode_attention_reference,
                                          decode_attention_triton, default_launch, unsupported)
-from replayssm.patches import attention_switch
+from replayssm.patches import attention_switch, latent_attention
 from replayssm.patches import decode_attention as dispatch
 from replayssm.tiny import build_tiny_model
 
@@ -175,9 +175,13 @@ def test_patched_generate_runs_the_kernel_and_equals_stock(family, forced_kernel
         replayssm.unpatch(model)
     assert model.config._attn_implementation == "sdpa"
     assert torch.equal(got.sequences, want.sequences) and max_logit_diff(got, want) < 1e-5
+    # every decode step of every layer, no prefill; multi-head latent attention (Kimi-Linear) attends on
+    # its latent cache instead (tests/test_latent_attention.py), after checking that against the kernel
+    latent = [m for m in _attention_layers(model) if latent_attention.is_latent_attention(m)]
+    assert len(forced_kernel) == 5 * (len(_attention_layers(model)) - len(latent)) + len(latent)
     heads = {m.num_key_value_groups * m.config.num_key_value_heads for m in _attention_layers(model)}
-    assert len(forced_kernel) == 5 * len(_attention_layers(model))  # every decode step of every layer, no prefill
     assert all(q[0] == 3 and q[1] in heads and q[2] == 1 and m == (3, 1, 1, k[2]) for q, k, m in forced_kernel)
+    assert (family == "kimi_linear") == bool(latent)
 
 
 def _configs(model):
