@@ -16,7 +16,10 @@ the rewritten mixer on it (T >= 1 new tokens) goes through the window path, whic
 A rollback (``crop(-n)`` or ``rollback``) moves each row's cursor back and restores its conv state
 from the history; it raises ``RollbackError`` when a removed token is no longer in the ring. Per
 row, ``committed`` (int32, in the buffers) is the cursor at the last rollback: entries before it
-may be folded freely.
+may be folded freely. A cache's ``crop(-n)`` of tokens of the last window (what an assisted round
+that rejects drafts asks) rolls all its SSM layers back in one launch (``rollback_cache``, through
+a ``crop`` the cache instance gets in ``enable_layer_rollback``); each layer's own ``crop`` then
+crops only its attention part.
 
 The cache layer instances get a subclass (``rollback_layer_class``: ``is_croppable`` true in
 rollback mode, ``crop`` that rolls the SSM part back and crops the attention part as its class
@@ -26,12 +29,15 @@ does); ``cache_state.detach_buffers`` gives them their class back. The model ins
 
 from __future__ import annotations
 
+import contextvars
 import inspect
+import types
 
 import torch
 
 from replayssm.errors import ConfigError, RollbackError, VerifyWindowError
-from replayssm.kernels.rollback import layer_rollback
+from replayssm.kernels.backend import resolve_backend
+from replayssm.kernels.rollback import layer_rollback, layers_rollback, layers_rollback_table
 from replayssm.kernels.window_conv import layer_window_conv
 
 from . import compat
@@ -42,6 +48,10 @@ HIST, COMMITTED = "conv_hist", "committed"
 #: model-instance attribute recording that ``allow_assisted`` set ``_is_stateful``
 _STATEFUL_MARK = "_replayssm_stateless"
 _LAYER_CLASSES: dict[type, type] = {}
+#: cache-instance attribute: the address table of ``rollback_cache`` (with what it was built from)
+_TABLE = "_replayssm_rollback_table"
+#: the cache layers that the cache's ``crop`` in progress rolled back already
+_ROLLED_BACK: contextvars.ContextVar[frozenset] = contextvars.ContextVar("replayssm_rolled_back", default=frozenset())
 
 
 # ----------------------------------------------------------------------------- the window path
@@ -193,6 +203,53 @@ def rollback_layer(layer, n) -> None:
     buffers.extra[ROLLBACK_SAFE] = safe - n if within else 0
 
 
+def rollback_cache(cache, n: int) -> frozenset:
+    """Roll every ReplaySSM layer of ``cache`` back by ``n`` in one launch (``kernels.layers_rollback``)
+    where that needs no check: every such layer in rollback mode on the Triton backend, n within its last
+    window (no host synchronisation), all of one shape. Returns the ids of the layers rolled back; empty
+    where the one launch does not apply (each layer's ``crop`` then rolls itself back, with its checks)."""
+    entries = []
+    for layer in getattr(cache, "layers", ()):
+        buffers = get_buffers(layer)
+        if buffers is None:
+            continue
+        t = buffers.tensors
+        owner = buffers._owner() if buffers._owner is not None else None
+        if (HIST not in t or not 0 < n <= buffers.extra.get(ROLLBACK_SAFE, 0) or owner is None
+                or resolve_backend(owner.replay_options.backend, buffers.cursor.device) != "triton"):
+            return frozenset()
+        entries.append((layer, buffers, (buffers.cursor, t[HIST], compat.conv_state(layer), t[COMMITTED])))
+    if not entries:
+        return frozenset()
+    tensors = [tensors for _, _, tensors in entries]
+    built_from = tuple((t.data_ptr(), t.shape, t.stride(), t.dtype) for layer in tensors for t in layer)
+    saved = cache.__dict__.get(_TABLE)
+    if saved is None or saved[0] != built_from:
+        try:
+            saved = (built_from, layers_rollback_table(tensors))
+        except ValueError:  # layers of several shapes: one launch each
+            return frozenset()
+        cache.__dict__[_TABLE] = saved
+    layers_rollback(tensors, n, saved[1], backend="triton")
+    for _, buffers, _ in entries:
+        buffers.extra[SETTLED] = True
+        buffers.extra[ROLLBACK_SAFE] -= n
+    return frozenset(id(layer) for layer, _, _ in entries)
+
+
+def _cache_crop(self, tokens_to_remove: int, *args, **kwargs):
+    """A cache's ``crop`` (bound to the instance; a deep copy's is bound to the copy): ``crop(-n)`` rolls
+    the SSM layers back in one launch where it can, then the class's ``crop``, whose per-layer crops
+    skip the SSM part of the layers rolled back."""
+    done = rollback_cache(self, -tokens_to_remove) if isinstance(tokens_to_remove, int) and tokens_to_remove < 0 \
+        else frozenset()
+    token = _ROLLED_BACK.set(done)
+    try:
+        return type(self).crop(self, tokens_to_remove, *args, **kwargs)
+    finally:
+        _ROLLED_BACK.reset(token)
+
+
 def check_not_refused(layer) -> None:
     """Raise RollbackError when a refused rollback left ``layer``'s cache part rolled back (other
     layers may have moved before the refusal): decoding on would mix two sequence lengths."""
@@ -271,7 +328,9 @@ def _crop(self, tokens_to_remove: int) -> None:
         if compat.is_uninitialized_linear_layer(self):
             return None  # nothing to crop (transformers 5.17 crashes on such a layer)
         return original.crop(self, tokens_to_remove)
-    rollback_layer(self, _crop_count(tokens_to_remove))
+    n = _crop_count(tokens_to_remove)
+    if id(self) not in _ROLLED_BACK.get():  # else the cache's crop rolled it back with the others
+        rollback_layer(self, n)
     attention_crop = compat.attention_crop(original)
     if attention_crop is not None:
         attention_crop(self, tokens_to_remove)
@@ -316,11 +375,15 @@ def _indexed_layer_class(cls: type) -> type:
 
 
 def enable_layer_rollback(layer, cache=None) -> None:
-    """Give the cache layer instance its rollback subclass (``cache_state.detach_buffers`` undoes it).
+    """Give the cache layer instance its rollback subclass (``cache_state.detach_buffers`` undoes it)
+    and ``cache`` its one-launch ``crop`` (an instance attribute: the cache object is the call's own, or
+    a graph decoder's pooled one; it falls back to the layers' crops wherever the launch does not apply).
     With ``cache``, also its linear-attention layers that no layer ever initialises (5.17 gives
     MLP-only layers one): their subclass's crop is a no-op, as nothing is there to crop; and its
     indexed attention layers a crop that leaves no rejected draft's position behind."""
     layer.__class__ = rollback_layer_class(type(layer))
+    if cache is not None and callable(getattr(type(cache), "crop", None)) and "crop" not in cache.__dict__:
+        cache.crop = types.MethodType(_cache_crop, cache)
     for other in getattr(cache, "layers", ()):
         if compat.is_uninitialized_linear_layer(other):
             other.__class__ = rollback_layer_class(type(other))

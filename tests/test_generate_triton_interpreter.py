@@ -46,8 +46,10 @@ def test_triton_backend_matches_stock(family, monkeypatch):
 @pytest.mark.parametrize("family", ["nemotron_h", "qwen3_5", "kimi_linear"])
 def test_triton_backend_speculative_equals_plain_greedy(family, monkeypatch):
     """Scripted drafts of 1..3 tokens (L = 4: windows that flush first, full and no acceptance) on
-    the Triton window path: the window conv and the verify kernels, token for token plain greedy."""
+    the Triton window path: the window conv and the verify kernels, token for token plain greedy; each
+    rejecting round's crop rolls every SSM layer back in one launch."""
     import replayssm
+    import replayssm.kernels.rollback as rollback_kernels
     import replayssm.kernels.window_conv as window_conv
     from replayssm.patches.compat import assisted_generation_gap
     from speculative_helpers import ScriptedDrafter, drafting
@@ -65,10 +67,23 @@ def test_triton_backend_speculative_equals_plain_greedy(family, monkeypatch):
             raise AssertionError("the PyTorch window conv ran instead of the Triton kernel")
 
         monkeypatch.setattr(window_conv, "layer_window_conv_reference", no_reference)
+        grouped, one_launch = [], rollback_kernels.layers_rollback_triton
+
+        def counted(layers, n, table=None):
+            grouped.append((len(layers), n))
+            return one_launch(layers, n, table)
+
+        def per_layer(*args, **kwargs):
+            raise AssertionError("a layer rolled back alone, not in the cache's one launch")
+
+        monkeypatch.setattr(rollback_kernels, "layers_rollback_triton", counted)
+        monkeypatch.setattr(rollback_kernels, "layer_rollback_triton", per_layer)
         drafter = ScriptedDrafter(model, ref.sequences, 3, seed=1, min_draft=1)
         with drafting(model, drafter):
             out = generate(model, ids, mask, max_new_tokens=16, min_new_tokens=16, prompt_lookup_num_tokens=3)
+        ssm_layers = sum(1 for m in model.modules() if hasattr(m, "replay_options"))
     finally:
         replayssm.unpatch(model)
     assert torch.equal(out.sequences, ref.sequences), drafter.log
     assert any(a == 0 for _, a in drafter.log) and any(a == k for k, a in drafter.log)
+    assert ssm_layers >= 2 and grouped == [(ssm_layers, k - a) for k, a in drafter.log if a < k], (grouped, drafter.log)

@@ -345,6 +345,45 @@ def test_a_crop_settles_the_cache_and_a_window_unsettles_it():
         replayssm.unpatch(model)
 
 
+def test_a_cache_crop_rolls_every_layer_back_at_once_and_its_copies_their_own(monkeypatch):
+    """The cache's ``crop(-n)`` of tokens of the last window rolls all SSM layers back in one call of
+    ``layers_rollback`` (here on the PyTorch path: the Triton one is forced and counted), settling the
+    cache as the per-layer crops do; a deep copy of the cache crops itself, not the original; a crop past
+    the last window goes through each layer's checks."""
+    import copy
+
+    import replayssm.kernels.rollback as rollback_kernels
+
+    model = tiny("nemotron_h")
+    replayssm.patch(model, buffer_len=8)
+    calls = []
+    monkeypatch.setattr(speculative, "resolve_backend", lambda backend, device: "triton")
+    monkeypatch.setattr(rollback_kernels, "layers_rollback_triton", lambda layers, n, table=None: (
+        calls.append((len(layers), n)), rollback_kernels.layers_rollback_reference(layers, n))[1])
+    try:
+        ids = torch.randint(3, 512, (1, 12), generator=torch.Generator().manual_seed(4))
+        with torch.no_grad():
+            cache, key = _recording_prefill(model, ids)
+            model(input_ids=ids[:, 9:12], **{key: cache})
+        layers = [layer for layer in cache.layers if get_buffers(layer) is not None]
+        before = [get_buffers(layer).cursor.clone() for layer in layers]
+        twin = copy.deepcopy(cache)
+        assert twin.crop.__self__ is twin and cache.crop.__self__ is cache
+        cache.crop(-2)
+        assert calls == [(len(layers), 2)] and speculative.settled(cache) and not speculative.settled(twin)
+        assert all(torch.equal(get_buffers(layer).cursor, c - 2) for layer, c in zip(layers, before))
+        twin.crop(-1)
+        assert calls[-1] == (len(layers), 1)
+        assert all(torch.equal(get_buffers(layer).cursor, c - 2) for layer, c in zip(layers, before))
+        assert all(torch.equal(get_buffers(layer).cursor, c - 1)
+                   for layer, c in zip([x for x in twin.layers if get_buffers(x) is not None], before))
+        with pytest.raises(RollbackError):  # beyond the tokens the ring still holds: the per-layer checks
+            cache.crop(-12)
+        assert len(calls) == 2
+    finally:
+        replayssm.unpatch(model)
+
+
 def test_a_crop_within_the_last_window_reads_no_device_value(monkeypatch):
     """Rolling back tokens of the last window needs no check of the cursors (the flush-first rule keeps
     them in the ring): no tensor is read on the host. Past the window the check runs, and raises

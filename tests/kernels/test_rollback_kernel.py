@@ -66,3 +66,58 @@ def test_layer_rollback_on_gpu_at_real_sizes(Bt):
     layer_rollback_triton(cursor, n, hist, state, committed)
     torch.cuda.synchronize()
     assert torch.equal(cursor, ref[0]) and torch.equal(committed, ref[3]) and torch.equal(state, ref[2])
+
+
+@pytest.mark.parametrize("C,K,dtype", [(40, 4, torch.float32), (1100, 4, torch.bfloat16)])
+def test_layers_rollback_in_one_launch_matches_each_layers_reference(C, K, dtype):
+    """Three layers of one shape, each with its own cursors (idle rows included), by one count; the
+    address table built once serves a second rollback of the same tensors."""
+    from replayssm.kernels.rollback import layers_rollback_reference, layers_rollback_table, layers_rollback_triton
+
+    Bt, L = 5, 8
+    layers = []
+    for i in range(3):
+        cursor, hist, state, committed = _layer(Bt, C, K, L, dtype, seed=10 * i + C)
+        cursor[cursor >= 0] = cursor[cursor >= 0].clamp(min=3)
+        layers.append((cursor, hist, state, committed))
+    ref = [tuple(t.clone() for t in layer) for layer in layers]
+    table = layers_rollback_table(layers)
+    for n in (2, 1):
+        layers_rollback_reference(ref, n)
+        layers_rollback_triton(layers, n, table)
+        for got, want in zip(layers, ref):
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert not any(layer[2][[0, 2, 3, 4]].isnan().any() for layer in layers)
+
+
+def test_layers_rollback_refuses_layers_of_other_shapes():
+    from replayssm.kernels.rollback import layers_rollback_table
+
+    a = _layer(5, 40, 4, 8, torch.float32, seed=1)
+    b = _layer(5, 48, 4, 8, torch.float32, seed=2)
+    with pytest.raises(ValueError, match="every layer needs the first's shapes"):
+        layers_rollback_table([a, b])
+    c = list(_layer(5, 40, 4, 8, torch.float32, seed=3))
+    c[0] = c[0].long()
+    with pytest.raises(ValueError, match="cursor and committed must be int32"):
+        layers_rollback_table([c])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_layers_rollback_on_gpu_at_real_sizes():
+    """Twelve Nemotron-3-Nano conv layers (9728 channels, K = 4, L = 16, bf16), batch 1 and 64 alike:
+    the one launch equals each layer's reference bit for bit."""
+    from replayssm.kernels.rollback import layers_rollback_reference, layers_rollback_triton
+
+    for Bt in (2, 64):
+        layers = []
+        for i in range(12):
+            cursor, hist, state, committed = (t.cuda() for t in _layer(Bt, 9728, 4, 16, torch.bfloat16, seed=i))
+            cursor[cursor >= 0] = cursor[cursor >= 0].clamp(min=4)
+            layers.append((cursor, hist, state, committed))
+        ref = [tuple(t.clone() for t in layer) for layer in layers]
+        layers_rollback_reference(ref, 3)
+        layers_rollback_triton(layers, 3)
+        torch.cuda.synchronize()
+        assert all(torch.equal(a, b) for got, want in zip(layers, ref) for a, b in zip(got, want))

@@ -34,3 +34,33 @@ def test_quantize_and_decode_routes_compile_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]
+
+
+ROLLBACK = r"""
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from replayssm.kernels import rollback as R
+
+target = GPUTarget("cuda", 90, 32)
+strides = dict(C="i32", h_b="i32", h_c="i32", h_k="i32", s_b="i32", s_c="i32", s_k="i32")
+for dtype, name in ((tl.bfloat16, "*bf16"), (tl.float32, "*fp32")):
+    consts = dict(K=4, BLOCK_C=512, BLOCK_K=4, HIST=dtype, STATE=dtype)
+    sig = dict(table="*i64", n_value="i32", **strides, **{k: "constexpr" for k in consts})
+    triton.compile(ASTSource(R._rollback_layers_kernel, sig, constexprs=consts), target=target)
+    for per_row in (False, True):
+        consts = dict(K=4, BLOCK_C=512, BLOCK_K=4, N_TENSOR=per_row)
+        sig = dict(cursor="*i32", n="*i32", n_value="i32", hist=name, state=name, committed="*i32", n_stride="i32",
+                   **strides, **{k: "constexpr" for k in consts})
+        triton.compile(ASTSource(R._rollback_kernel, sig, constexprs=consts), target=target)
+print("compiled")
+"""
+
+
+def test_rollback_kernels_compile_for_sm90():
+    """The one-layer and the all-layers rollback (its tensors found through an address table) compiled
+    to a cubin: the interpreter casts the table's integers to pointers without the compiler's checks."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", ROLLBACK], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]
