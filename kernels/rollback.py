@@ -67,15 +67,20 @@ def _rollback_kernel(cursor, n, n_value, hist, state, committed, C, n_stride, h_
 
 @triton.jit
 def _rollback_layers_kernel(table, n_value, C, h_b, h_c, h_k, s_b, s_c, s_k, K: tl.constexpr,
-                            BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, HIST: tl.constexpr, STATE: tl.constexpr):
+                            BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, HIST: tl.constexpr, STATE: tl.constexpr,
+                            MARK_ONLY: tl.constexpr):
     layer = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     layers = tl.num_programs(0)
     cursor = tl.load(table + layer).to(tl.pointer_type(tl.int32))
-    hist = tl.load(table + layers + layer).to(tl.pointer_type(HIST))
-    state = tl.load(table + 2 * layers + layer).to(tl.pointer_type(STATE))
     committed = tl.load(table + 3 * layers + layer).to(tl.pointer_type(tl.int32))
-    _rollback_row(cursor, b, n_value, hist, state, committed, C, h_b, h_c, h_k, s_b, s_c, s_k, K, BLOCK_C, BLOCK_K)
+    if MARK_ONLY:  # nothing rolled back: every entry committed
+        tl.store(committed + b, tl.maximum(tl.load(cursor + b), 0))
+    else:
+        hist = tl.load(table + layers + layer).to(tl.pointer_type(HIST))
+        state = tl.load(table + 2 * layers + layer).to(tl.pointer_type(STATE))
+        _rollback_row(cursor, b, n_value, hist, state, committed, C, h_b, h_c, h_k, s_b, s_c, s_k, K, BLOCK_C,
+                      BLOCK_K)
 
 
 def _blocks(K: int) -> dict:
@@ -113,9 +118,14 @@ _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.floa
 
 def layers_rollback_reference(layers, n: int, table: torch.Tensor | None = None) -> None:
     """``layer_rollback_reference`` of each (cursor, conv_hist, conv_state, committed) of ``layers``
-    by the same int ``n``. ``table``: ignored (``layers_rollback_table``'s, for the Triton path)."""
+    by the same int ``n``, except that ``n == 0`` only marks every entry committed (``committed`` =
+    the cursor, 0 on idle rows; the conv states untouched). ``table``: ignored (``layers_rollback_table``'s,
+    for the Triton path)."""
     for cursor, conv_hist, conv_state, committed in layers:
-        layer_rollback_reference(cursor, n, conv_hist, conv_state, committed)
+        if n == 0:
+            torch.clamp(cursor, min=0, out=committed)
+        else:
+            layer_rollback_reference(cursor, n, conv_hist, conv_state, committed)
 
 
 def layers_rollback_table(layers) -> torch.Tensor:
@@ -147,7 +157,7 @@ def layers_rollback_triton(layers, n: int, table: torch.Tensor | None = None) ->
         return
     _rollback_layers_kernel[(len(layers), Bt)](table, int(n), C, *hist.stride(), *state.stride(), **_blocks(K),
                                                HIST=_TL_DTYPES[hist.dtype], STATE=_TL_DTYPES[state.dtype],
-                                               num_warps=4)
+                                               MARK_ONLY=int(n) == 0, num_warps=4)
 
 
 def layers_rollback(layers, n: int, table: torch.Tensor | None = None, backend: str = "auto") -> None:

@@ -204,10 +204,11 @@ def rollback_layer(layer, n) -> None:
 
 
 def rollback_cache(cache, n: int) -> frozenset:
-    """Roll every ReplaySSM layer of ``cache`` back by ``n`` in one launch (``kernels.layers_rollback``)
-    where that needs no check: every such layer in rollback mode on the Triton backend, n within its last
-    window (no host synchronisation), all of one shape. Returns the ids of the layers rolled back; empty
-    where the one launch does not apply (each layer's ``crop`` then rolls itself back, with its checks)."""
+    """Roll every ReplaySSM layer of ``cache`` back by ``n`` in one launch (``kernels.layers_rollback``;
+    n = 0 marks every entry committed) where that needs no check: every such layer in rollback mode on
+    the Triton backend, n within its last window (no host synchronisation), all of one shape. Returns the
+    ids of the layers rolled back; empty where the one launch does not apply (each layer's ``crop`` then
+    rolls itself back, with its checks)."""
     entries = []
     for layer in getattr(cache, "layers", ()):
         buffers = get_buffers(layer)
@@ -215,7 +216,7 @@ def rollback_cache(cache, n: int) -> frozenset:
             continue
         t = buffers.tensors
         owner = buffers._owner() if buffers._owner is not None else None
-        if (HIST not in t or not 0 < n <= buffers.extra.get(ROLLBACK_SAFE, 0) or owner is None
+        if (HIST not in t or not 0 <= n <= buffers.extra.get(ROLLBACK_SAFE, 0) or owner is None
                 or resolve_backend(owner.replay_options.backend, buffers.cursor.device) != "triton"):
             return frozenset()
         entries.append((layer, buffers, (buffers.cursor, t[HIST], compat.conv_state(layer), t[COMMITTED])))
@@ -238,10 +239,10 @@ def rollback_cache(cache, n: int) -> frozenset:
 
 
 def _cache_crop(self, tokens_to_remove: int, *args, **kwargs):
-    """A cache's ``crop`` (bound to the instance; a deep copy's is bound to the copy): ``crop(-n)`` rolls
-    the SSM layers back in one launch where it can, then the class's ``crop``, whose per-layer crops
+    """A cache's ``crop`` (bound to the instance; a deep copy's is bound to the copy): ``crop(-n)``, n >= 0,
+    rolls the SSM layers back in one launch where it can, then the class's ``crop``, whose per-layer crops
     skip the SSM part of the layers rolled back."""
-    done = rollback_cache(self, -tokens_to_remove) if isinstance(tokens_to_remove, int) and tokens_to_remove < 0 \
+    done = rollback_cache(self, -tokens_to_remove) if isinstance(tokens_to_remove, int) and tokens_to_remove <= 0 \
         else frozenset()
     token = _ROLLED_BACK.set(done)
     try:

@@ -47,7 +47,7 @@ def test_triton_backend_matches_stock(family, monkeypatch):
 def test_triton_backend_speculative_equals_plain_greedy(family, monkeypatch):
     """Scripted drafts of 1..3 tokens (L = 4: windows that flush first, full and no acceptance) on
     the Triton window path: the window conv and the verify kernels, token for token plain greedy; each
-    rejecting round's crop rolls every SSM layer back in one launch."""
+    round's crop rolls every SSM layer back (or marks it committed) in one launch."""
     import replayssm
     import replayssm.kernels.rollback as rollback_kernels
     import replayssm.kernels.window_conv as window_conv
@@ -86,4 +86,6 @@ def test_triton_backend_speculative_equals_plain_greedy(family, monkeypatch):
         replayssm.unpatch(model)
     assert torch.equal(out.sequences, ref.sequences), drafter.log
     assert any(a == 0 for _, a in drafter.log) and any(a == k for k, a in drafter.log)
-    assert ssm_layers >= 2 and grouped == [(ssm_layers, k - a) for k, a in drafter.log if a < k], (grouped, drafter.log)
+    # one launch per crop for every layer (rounds the drafter had no room for crop nothing, also at once)
+    assert ssm_layers >= 2 and len(grouped) >= len(drafter.log) and all(n == ssm_layers for n, _ in grouped)
+    assert [g for g in grouped if g[1]] == [(ssm_layers, k - a) for k, a in drafter.log if a < k], drafter.log

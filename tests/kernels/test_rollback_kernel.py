@@ -82,6 +82,12 @@ def test_layers_rollback_in_one_launch_matches_each_layers_reference(C, K, dtype
         layers.append((cursor, hist, state, committed))
     ref = [tuple(t.clone() for t in layer) for layer in layers]
     table = layers_rollback_table(layers)
+    states = [layer[2].clone() for layer in layers]
+    layers_rollback_reference(ref, 0)  # nothing rolled back: marks only, the conv states untouched
+    layers_rollback_triton(layers, 0, table)
+    for got, want, state in zip(layers, ref, states):
+        assert all(torch.equal(a.nan_to_num(-5.0), b.nan_to_num(-5.0)) for a, b in zip(got, want))
+        assert torch.equal(got[3], got[0].clamp(min=0)) and torch.equal(got[2].nan_to_num(-5.0), state.nan_to_num(-5.0))
     for n in (2, 1):
         layers_rollback_reference(ref, n)
         layers_rollback_triton(layers, n, table)

@@ -46,9 +46,10 @@ from replayssm.kernels import rollback as R
 target = GPUTarget("cuda", 90, 32)
 strides = dict(C="i32", h_b="i32", h_c="i32", h_k="i32", s_b="i32", s_c="i32", s_k="i32")
 for dtype, name in ((tl.bfloat16, "*bf16"), (tl.float32, "*fp32")):
-    consts = dict(K=4, BLOCK_C=512, BLOCK_K=4, HIST=dtype, STATE=dtype)
-    sig = dict(table="*i64", n_value="i32", **strides, **{k: "constexpr" for k in consts})
-    triton.compile(ASTSource(R._rollback_layers_kernel, sig, constexprs=consts), target=target)
+    for mark_only in (False, True):
+        consts = dict(K=4, BLOCK_C=512, BLOCK_K=4, HIST=dtype, STATE=dtype, MARK_ONLY=mark_only)
+        sig = dict(table="*i64", n_value="i32", **strides, **{k: "constexpr" for k in consts})
+        triton.compile(ASTSource(R._rollback_layers_kernel, sig, constexprs=consts), target=target)
     for per_row in (False, True):
         consts = dict(K=4, BLOCK_C=512, BLOCK_K=4, N_TENSOR=per_row)
         sig = dict(cursor="*i32", n="*i32", n_value="i32", hist=name, state=name, committed="*i32", n_stride="i32",
