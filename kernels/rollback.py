@@ -20,7 +20,7 @@ from .backend import resolve_backend
 from .speculation import conv_rollback_reference, rollback_cursor_reference
 
 __all__ = ["layer_rollback", "layer_rollback_reference", "layer_rollback_triton", "layers_rollback",
-           "layers_rollback_reference", "layers_rollback_triton"]
+           "layers_rollback_reference", "layers_rollback_table", "layers_rollback_triton"]
 
 
 def layer_rollback_reference(cursor: torch.Tensor, n: torch.Tensor | int, conv_hist: torch.Tensor,

@@ -38,7 +38,8 @@ def grouped_sdpa_attention(module, query, key, value, attention_mask, dropout=0.
     from . import latent_attention
     from .decode_attention import kernel_attention
 
-    if latent_attention.latent_call(module):  # key and value are an MLA module's latents (its expand_kv's mark)
+    # key and value are an MLA module's latents (its expand_kv's mark; never set in a compiled region)
+    if not torch.compiler.is_compiling() and latent_attention.latent_call(module):
         return latent_attention.attend(module, query, key, value, attention_mask, dropout, scaling, kwargs, lambda k, v:
                                        grouped_sdpa_attention(module, query, k, v, attention_mask, dropout, scaling,
                                                               is_causal, **kwargs)[0]), None

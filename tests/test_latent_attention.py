@@ -100,12 +100,14 @@ def test_the_probe_keeps_the_expanded_form_where_the_two_disagree():
 
         def expanded_attention(key, value):
             calls.append(1)
-            return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=module.scaling).transpose(1, 2)
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=module.scaling)
+            return out.transpose(1, 2)
 
         for _ in range(2):
             got = latent_attention.attend(module, query, latents, rope_keys, mask, 0.0, module.scaling, {},
                                           expanded_attention)
-            want = _expanded(module, query, latents, rope_keys, mask, expand=module.__dict__[latent_attention._ORIGINAL])
+            changed = module.__dict__[latent_attention._ORIGINAL]
+            want = _expanded(module, query, latents, rope_keys, mask, expand=changed)
             assert torch.equal(got, want)
         assert module.__dict__[latent_attention._VERDICT] is False and len(calls) == 2
         # a multi-token query (a prefill, a verify window) always expands
