@@ -28,14 +28,13 @@ from __future__ import annotations
 
 import torch
 
+from .decode_attention import HARMLESS_KWARGS
+
 #: module attributes: the wrapped ``expand_kv``'s original, the probe's verdict (None: not yet), the
 #: mark that this call's ``expand_kv`` returned latents
 _ORIGINAL = "_replayssm_expand_kv"
 _VERDICT = "_replayssm_latent_ok"
 _LATENT_CALL = "_replayssm_latent_call"
-#: attention keyword arguments that leave the attention as sdpa computes it without them
-HARMLESS_KWARGS = frozenset({"position_ids", "cache_position", "use_cache", "output_attentions",
-                             "output_router_logits", "position_embeddings"})
 
 
 def is_latent_attention(module: torch.nn.Module) -> bool:
