@@ -283,6 +283,8 @@ def output_kernel(t, sc, io, lay, NV: tl.constexpr, KDA: tl.constexpr, BK: tl.co
             mvs = mv & (offs_v * 0 + c != lay.L - 1)
         s_first = tl.load(s_base + offs_k0[:, None] * lay.s_k + offs_v[None, :] * lay.s_v,
                           mask=(offs_k0 < lay.K)[:, None] & mvs[None, :], other=0.0)
+    if FMT >= 3:  # int8 / fp8: the column scales, with the checkpoint tile (before the cursor's branches)
+        colsc = column_scale(b, h, offs_v, mv, t, io, FMT)
     if SKIP_FLUSH_ROWS:
         if c == lay.L - 1:  # before the other loads: the flush launch does this row's step
             return
@@ -323,8 +325,7 @@ def output_kernel(t, sc, io, lay, NV: tl.constexpr, KDA: tl.constexpr, BK: tl.co
             xq = tl.load(x_base + lay.K + offs_k, mask=mk, other=0.0)
         r += tl.sum(s0 * xk[:, None], axis=0)
         hq += tl.sum(s0 * xq[:, None], axis=0)
-    if FMT >= 3:  # int8 / fp8: the column scales multiply the reduced checkpoint reads
-        colsc = column_scale(b, h, offs_v, mv, t, io, FMT)
+    if FMT >= 3:  # the column scales multiply the reduced checkpoint reads
         r = r * colsc
         hq = hq * colsc
     r += tl.sum(ck[:, None] * ub, axis=0)
