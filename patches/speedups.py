@@ -27,9 +27,9 @@ from __future__ import annotations
 import torch
 
 from . import attention_switch
-from .latent_attention import restore_latent_decode, use_latent_decode
 from .fused_linear import fuse_decode_linears, unfuse_decode_linears
 from .fused_norm import fuse_decoder_norms, unfuse_decoder_norms
+from .latent_attention import restore_latent_decode, use_latent_decode
 
 
 def use_decode_speedups(model: torch.nn.Module) -> None:
