@@ -64,10 +64,9 @@ def _program_row(t, io, lay, k):
 
 @triton.jit
 def _early_loads(b, g, h0, offs_p, mask_p, t, io, lay, k):
-    """Every load of the first head, its constants and checkpoint scales included, issued before the
-    cursor is known (the compiler does not hoist loads above the branch on it). Window loads are
-    bounded by L, not by the cursor; stale slots are selected away once it is known (NaN there is
-    harmless)."""
+    """Every load of the first head, its constants included, issued before the cursor is known
+    (the compiler does not hoist loads above the branch on it). Window loads are bounded by L, not
+    by the cursor; stale slots are selected away once it is known (NaN there is harmless)."""
     offs_n0 = tl.arange(0, k.BLOCK_N)
     mn0 = offs_n0 < lay.N
     offs_l0 = tl.arange(0, k.BLOCK_L)
@@ -84,8 +83,7 @@ def _early_loads(b, g, h0, offs_p, mask_p, t, io, lay, k):
     xc_e = tl.load(t.x + b * io.x_b + h0 * io.x_h + offs_p * io.x_p, mask=mask_p, other=0.0)
     dr_e = tl.load(t.dt + b * io.dt_b + h0 * io.dt_h)
     a_e, dtb_e, dco_e = head_constants(h0, True, t, io, k)
-    sc_e = head_scale(b, h0, offs_p, mask_p, t, io, k)
-    return s_e, bw_e, bc_e, cv_e, xw_e, dtw_e, xc_e, dr_e, a_e, dtb_e, dco_e, sc_e
+    return s_e, bw_e, bc_e, cv_e, xw_e, dtw_e, xc_e, dr_e, a_e, dtb_e, dco_e
 
 
 @triton.jit
@@ -166,12 +164,13 @@ def _flush_heads_fma(b, h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k):
     offs_nf = tl.arange(0, k.BLOCK_NF)
     i0 = 0
     if k.FLUSH_FROM_EARLY:
-        s_e, _, bc_e, cv_e, _, _, xc_e, dr_e, a_e, dtb_e, dco_e, sc_e = e
+        s_e, _, bc_e, cv_e, _, _, xc_e, dr_e, a_e, dtb_e, dco_e = e
         d = process_dt(dr_e, dtb_e, k)
         xcb = xc_e.to(t.x_buf.dtype.element_ty)
         mn = offs_nf < lay.N
         s_ptrs = st_row + h0 * lay.s_h + offs_p[:, None] * lay.s_p + offs_nf[None, :] * lay.s_n
-        s_new = _fma_window_update(s_e.to(tl.float32) * sc_e[:, None], bc_e, d, xcb, a_e, h0, offs_p, mask_p, offs_nf,
+        sc = head_scale(b, h0, offs_p, mask_p, t, io, k)
+        s_new = _fma_window_update(s_e.to(tl.float32) * sc[:, None], bc_e, d, xcb, a_e, h0, offs_p, mask_p, offs_nf,
                                    mn, rows, t, lay, k)
         store_state_tile(s_ptrs, s_new, mask_p[:, None] & mn[None, :], b, h0, offs_p, mask_p, offs_nf, t, io, lay, k)
         acc_y = tl.sum(s_new * cv_e.to(tl.float32)[None, :], 1)
@@ -215,7 +214,7 @@ def _flush_heads_dot(b, h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k):
     h = h0
     mn = offs_nf < lay.N
     if k.FLUSH_FROM_EARLY:
-        s_t, bw_t, bc_t, cv_t, xw_t, dtw_t, xc_t, dr_t, _, _, _, _ = e
+        s_t, bw_t, bc_t, cv_t, xw_t, dtw_t, xc_t, dr_t, _, _, _ = e
     else:
         s_t = tl.load(st_row + h * lay.s_h + s_rel, mask=mask_p[:, None] & mn[None, :], other=0.0)
         bw_t = tl.load(Bb_row + b_rel, mask=mb & mn[None, :], other=0.0)
@@ -281,7 +280,7 @@ def _output_window_products(rows, e, t, io, lay, k):
     offs_n = tl.arange(0, k.BLOCK_N)
     bc = tl.zeros([k.BLOCK_L], dtype=tl.float32)
     if k.EARLY:
-        _, bw_e, bc_e, cv_e, _, _, _, _, _, _, _, _ = e
+        _, bw_e, bc_e, cv_e, _, _, _, _, _, _, _ = e
         bw = tl.where(valid_l[:, None], bw_e, 0.0)
         bw = tl.where(cur_l[:, None], bc_e.to(t.B_buf.dtype.element_ty)[None, :], bw).to(tl.float32)
         bc += tl.sum(bw * cv_e.to(tl.float32)[None, :], 1)
@@ -301,14 +300,14 @@ def _output_window_products(rows, e, t, io, lay, k):
 @triton.jit
 def _output_heads_one_tile(b, h0, nh, pb, c, bc, offs_p, mask_p, rows, e, t, io, lay, k):
     """Output-only route when one tile spans the state dim: the first head from the early loads
-    ``e``, and each next head's tiles (and scales) loaded while the current head is computed."""
+    ``e``, and each next head's tiles loaded while the current head is computed."""
     offs_l, valid_l, cur_l, xb_row, _, _, _, x_row, st_row, db_row, dt_row, _, _, x_rel, mx = rows
     offs_n = tl.arange(0, k.BLOCK_N)
     mn = offs_n < lay.N
     m2 = mask_p[:, None] & mn[None, :]
     s_rel = offs_p[:, None] * lay.s_p + offs_n[None, :] * lay.s_n
     h = h0
-    s_e, _, _, cv_e, xw_e, dtw_e, xc_e, dr_e, a_e, dtb_e, dco_e, sc_e = e
+    s_e, _, _, cv_e, xw_e, dtw_e, xc_e, dr_e, a_e, dtb_e, dco_e = e
     cv = cv_e.to(tl.float32)
     s_t = s_e
     xw_t = tl.where(mx, xw_e, 0.0)
@@ -316,7 +315,6 @@ def _output_heads_one_tile(b, h0, nh, pb, c, bc, offs_p, mask_p, rows, e, t, io,
     xc_t = xc_e
     dr_t = dr_e
     a_t, dtb_t, dco_t = a_e, dtb_e, dco_e
-    sc_t = sc_e
     for i in range(0, nh):
         h = h0 + i
         hn = h + 1
@@ -330,11 +328,10 @@ def _output_heads_one_tile(b, h0, nh, pb, c, bc, offs_p, mask_p, rows, e, t, io,
         xc_n = tl.load(x_row + hn * io.x_h + offs_p * io.x_p, mask=mask_p & okp, other=0.0)
         dr_n = tl.load(dt_row + hn * io.dt_h, mask=ok, other=0.0)
         a_n, dtb_n, dco_n = head_constants(hn, ok, t, io, k)
-        sc_n = head_scale(b, hn, offs_p, mask_p & okp, t, io, k)
 
         acc = tl.sum(codes_to_f32(s_t, k.FMT) * cv[None, :], 1)  # S0 . C
         if k.FMT >= 3:
-            acc = acc * sc_t
+            acc = acc * head_scale(b, h, offs_p, mask_p, t, io, k)
         d = process_dt(dr_t, dtb_t, k)
         w, abar = window_weights(dtw_t, d, cur_l, a_t)
         xcb = xc_t.to(t.x_buf.dtype.element_ty)
@@ -342,7 +339,6 @@ def _output_heads_one_tile(b, h0, nh, pb, c, bc, offs_p, mask_p, rows, e, t, io,
         y = abar * acc + tl.sum((w * bc)[:, None] * xw, 0)
         _head_output_and_append(y, h, c, pb, xc_t, xcb, d, dco_t, offs_p, mask_p, rows, t, io, lay, k)
         a_t, dtb_t, dco_t = a_n, dtb_n, dco_n
-        sc_t = sc_n
         s_t = s_n
         xw_t = xw_n
         dtw_t = dtw_n
@@ -404,7 +400,7 @@ def _replay_program(t, io, lay, k):
     if k.EARLY:
         e = _early_loads(b, g, h0, offs_p, mask_p, t, io, lay, k)
     else:  # placeholders: the routes load their own tiles then
-        e = (0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0)
+        e = (0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0)
     if c < 0:
         # idle row: nothing written (except zeros into a freshly allocated out); its early loads
         # are discarded
