@@ -56,7 +56,7 @@ GROUP_MAX = 4
 #: the gated form's activations (fp32, on the unrounded gate sums), by name
 ACTIVATIONS = {"silu": F.silu, "gelu_tanh": functools.partial(F.gelu, approximate="tanh"), "relu": F.relu}
 #: fp32 accumulator registers per thread of an FMA program (all rows)
-_FMA_ACC_REGS = 32
+_FMA_ACC_REGS = 16
 #: weights smaller than this are never split: the partial sums' second launch costs about as much
 #: as streaming them (a graph launch takes about 1-2 µs, in which ~4 MB stream at 4 TB/s)
 _SPLIT_MIN_BYTES = 4 << 20
@@ -109,11 +109,11 @@ def _k_tile(K: int, largest: int) -> int:
 @functools.lru_cache(maxsize=1024)
 def default_config(N: int, K: int, M: int, itemsize: int, n_sm: int = 132) -> LaunchConfig:
     """The launch for ``M`` rows of x against an (N, K) weight of ``itemsize``-byte elements on a
-    device of ``n_sm`` multiprocessors. Rules untuned until a GPU sweep (``bench_linear.py --sweep``)."""
+    device of ``n_sm`` multiprocessors. Why each rule: ``examples/benchmarks/TUNING.md`` (small-batch linear)."""
     rows = triton.next_power_of_2(M)
-    # 4 warps for one row, 8 for two; 32 accumulator registers per thread over all rows: a tile of
-    # 4096 elements (8 KB of bf16) per step; K tiles up to 512 (whole lines)
-    warps = 4 if rows == 1 else 8
+    # 4 warps, 16 accumulator registers per thread over all rows: a tile of 2048 / rows elements (4 KB
+    # of bf16 for one row) per step; K tiles up to 512 (whole lines)
+    warps = 4
     elements = _FMA_ACC_REGS * 32 * warps // rows
     block_k = min(_k_tile(K, 512), elements)
     block_n = max(1, elements // block_k)

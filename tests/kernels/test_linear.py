@@ -297,10 +297,11 @@ def test_default_config_rules(M, itemsize):
             assert N * K * itemsize >= 4 << 20 and programs < 2 * 132 and splits > 1
         if programs < 4 * 132:  # too few programs: the smallest column block
             assert cfg.block_n <= 2
-        # the FMA accumulator within 32 fp32 registers a thread; 8 elements a thread unless that breaks it
+        # at most 4 warps; the FMA accumulator within 16 fp32 registers a thread, 8 weight elements a thread
         threads = 32 * cfg.num_warps
-        assert rows * cfg.block_n * cfg.block_k <= 32 * threads
-        assert cfg.block_n * cfg.block_k >= 8 * threads or rows * cfg.block_n * cfg.block_k > 16 * threads
+        assert cfg.num_warps <= 4
+        assert rows * cfg.block_n * cfg.block_k <= 16 * threads
+        assert cfg.block_n * cfg.block_k >= 8 * threads
         assert K % cfg.block_k == 0 or cfg.block_k >= K  # the K loop needs no mask on these shapes
 
 
