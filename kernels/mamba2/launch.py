@@ -94,7 +94,6 @@ def quant_config(cfg: LaunchConfig, N: int, scaled: bool, given: bool) -> Launch
     return dataclasses.replace(cfg, flush_block_n=pow2(N))
 
 
-
 def launch_replay(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, dt_softplus, out,
                   zero_idle: bool, arrivals: torch.Tensor | None = None, config: LaunchConfig | None = None,
                   state_scale: torch.Tensor | None = None, state_rng: torch.Tensor | None = None) -> None:
