@@ -355,10 +355,14 @@ def test_8bit_checkpoint_launch_rules():
 
 def test_verify_launch_rule():
     """The verify step runs Gated DeltaNet on one warp (16 value columns below batch 32, 32 from
-    there); KDA and wide key tiles keep the 4 (8) warps of the one-launch decode tile."""
+    there), KDA on 16 columns and 4 warps below batch 32 and 64 columns and 2 warps from there; wide
+    key tiles keep the 8 warps of the one-launch decode tile."""
     from replayssm.kernels.delta.config import VerifyConfig, default_verify_config
 
     assert default_verify_config(128, 64, False) == VerifyConfig(block_v=32, num_warps=1)
     assert default_verify_config(128, 1, False) == VerifyConfig(block_v=16, num_warps=1)
-    assert default_verify_config(128, 64, True).num_warps == 4
-    assert default_verify_config(256, 64, False).num_warps == 8
+    assert default_verify_config(128, 1, True) == VerifyConfig(block_v=16, num_warps=4)
+    assert default_verify_config(128, 31, True) == VerifyConfig(block_v=16, num_warps=4)
+    assert default_verify_config(128, 32, True) == VerifyConfig(block_v=64, num_warps=2)
+    assert default_verify_config(256, 64, False) == VerifyConfig(block_v=32, num_warps=8)
+    assert default_verify_config(256, 64, True) == VerifyConfig(block_v=32, num_warps=8)

@@ -46,6 +46,16 @@ def test_kernel_equals_reference(kda, T):
 
 
 @pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
+def test_large_batch_launch_rule_equals_reference(kda):
+    """The launch the rules pick from batch 32 (KDA: 64 value columns on 2 warps, wider than this
+    layer's value dim) on the small layer: the same outputs, checkpoints and cursors."""
+    from replayssm.kernels.delta.config import default_verify_config
+
+    ref, got = _run_both(kda, 3, config=default_verify_config(16, 32, kda))
+    assert_same(ref, got, **FP32)
+
+
+@pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
 def test_commit_launch_and_untouched_idle_outputs(kda):
     """Without arrivals on the cursor word the per-row commit launch moves the cursors and writes the
     flush rows' keys and gates; an ``out`` passed in keeps the idle row's contents (NaN here)."""
