@@ -144,10 +144,10 @@ class VerifyConfig:
 @functools.lru_cache(maxsize=256)
 def default_verify_config(K: int, Bt: int = 1, kda: bool = False) -> VerifyConfig:
     """The verify step of ``Bt`` rows of a layer with key dim ``K``, up to K = 128: Gated DeltaNet on
-    one warp per program, 16 value columns below batch 32 (more programs) and 32 from there; KDA
-    (whose per-key decays make a program's work larger) 16 columns on 4 warps below batch 32 and 64
-    on 2 from there. Above K = 128 the one-launch decode kernel's tile: 32 columns on 8 warps.
-    Timings: ``examples/benchmarks/TUNING.md``."""
+    one warp per program, 16 value columns below batch 32 (more programs) and 32 from there; KDA 16
+    columns on 4 warps below batch 32 and 64 on 2 from there (each the fastest of a sweep). Above
+    K = 128 the one-launch decode kernel's tile: 32 columns on 8 warps. Timings:
+    ``examples/benchmarks/TUNING.md``."""
     if triton.next_power_of_2(K) > 128:
         return VerifyConfig(block_v=32, num_warps=8)
     if not kda:
