@@ -10,7 +10,8 @@
   ``_is_stateful``; 5.24 also checks ``cache.is_croppable`` after the prefill (5.17 does not),
   and while recording a layer keeps the prefill's whole conv input (5.24) or K columns (5.17),
   which ``conv_window_of_prefill`` brings back to K columns. 5.17 refuses assisted generation on a
-  ``StaticCache``; 5.24 takes it, drops the mask of a one-token step on a cache whose layers record
+  cache of type ``StaticCache``, whose layers cannot crop there (a graph decoder's assisted slot is
+  a subclass, its attention layers cropped by ``static_layer_crop``); 5.24 takes it, drops the mask of a one-token step on a cache whose layers record
   their past (so ``speculative`` answers ``is_compileable`` as a non-recording layer would) and its
   ``StaticIndexedLayer.crop`` keeps the cropped tokens' indexer positions (``speculative`` crops
   them where the class left them).
@@ -108,14 +109,33 @@ def sdpa_groups_decode_queries() -> bool:
 
 def attention_crop(layer_class: type):
     """The ``crop`` of the attention part of a cache-layer class (the first class in its MRO that
-    defines ``crop`` and is not a linear-attention layer), None for a linear-attention-only class."""
+    defines ``crop`` and is not a linear-attention layer; ``static_layer_crop`` for a static layer
+    whose class has none, as before 5.18), None for a linear-attention-only class."""
     from transformers import cache_utils
 
     linear = getattr(cache_utils, "LinearAttentionCacheLayerMixin", None)
     for cls in layer_class.__mro__:
         if "crop" in cls.__dict__ and not (linear is not None and issubclass(cls, linear)):
             return cls.__dict__["crop"]
+    if issubclass(layer_class, cache_utils.StaticLayer):
+        return static_layer_crop
     return None
+
+
+def static_layer_crop(layer, tokens_to_remove: int) -> None:
+    """``crop(-n)`` of a static attention cache layer as transformers 5.18+ does it (before, its
+    ``StaticLayer`` has no ``crop``): the length counter moves back by n, in place (a captured graph
+    reads it), and the next update overwrites the stale positions."""
+    if tokens_to_remove > 0:
+        raise ValueError(f"expected crop(-n) (remove n tokens) on a static cache layer; found crop({tokens_to_remove})")
+    layer.cumulative_length.sub_(-tokens_to_remove)
+
+
+def lacks_static_crop(layer) -> bool:
+    """A full-attention static cache layer whose class cannot crop (transformers before 5.18)."""
+    from transformers import cache_utils
+
+    return isinstance(layer, cache_utils.StaticLayer) and not callable(getattr(type(layer), "crop", None))
 
 
 def conv_window_of_prefill(layer, width: int, keep: torch.Tensor | None = None) -> None:
@@ -149,6 +169,25 @@ def _before_5_18() -> bool:
     import transformers
 
     return tuple(int(p) for p in transformers.__version__.split(".")[:2]) < (5, 18)
+
+
+def static_cache_class(assisted: bool) -> type:
+    """The ``StaticCache`` class of a graph decoder's pooled cache. Before 5.18 the assisted loop refuses
+    a cache whose type is exactly ``StaticCache`` (its static layers cannot crop there): an assisted
+    slot takes a subclass, whose attention layers ``speculative`` gives ``static_layer_crop``."""
+    from transformers import StaticCache
+
+    if assisted and _before_5_18():
+        return _assisted_static_cache_class()
+    return StaticCache
+
+
+@functools.lru_cache(maxsize=1)
+def _assisted_static_cache_class() -> type:
+    from transformers import StaticCache
+
+    return type("AssistedStaticCache", (StaticCache,), {"__doc__": "A StaticCache that transformers < 5.18's "
+                                                        "assisted loop takes (its check is on the exact type)."})
 
 
 def refuses_assisted_on_static_caches() -> bool:

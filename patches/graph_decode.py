@@ -10,10 +10,10 @@ graph for every later step, copying the step's inputs (token ids, positions, the
 mask transformers builds for a static cache) into the graph's static input tensors. Prefill and
 everything around the model call (logits processors, sampling, stopping) stay eager.
 
-Assisted generation (a draft model, prompt lookup; transformers 5.18+, which takes a static cache
-there) gets pooled slots of its own: after the prefill, every forward of T new tokens (a verify
-window, T = 1 in rounds without drafts) is captured once per shape on its second occurrence and
-replayed after that, while every ReplaySSM layer has all its entries committed (the state each
+Assisted generation (a draft model, prompt lookup) gets pooled slots of its own (before transformers
+5.18 a ``StaticCache`` subclass with croppable attention layers, ``compat.static_cache_class``):
+after the prefill, every forward of T new tokens (a verify window, T = 1 in rounds without drafts)
+is captured once per shape on its second occurrence and replayed after that, while every ReplaySSM layer has all its entries committed (the state each
 crop leaves, which the captured window assumed: ``speculative.settled``); the crops run eagerly.
 transformers' decode context (a MoE's experts switched to ``batched_mm``), which the assisted loop
 enters and leaves around every forward, is entered once per call here and left when ``generate``
@@ -22,7 +22,7 @@ returns: a captured forward is the same either way, and each switch walks every 
 Whatever the graphs cannot serve falls back to the eager patched path with one log line: beam
 search, a cache passed in, a cache implementation asked for, a model off CUDA, a sliding-window
 attention layer (its cache keeps a host-side counter that a graph would freeze), more tokens than
-``max_len``, assisted generation before transformers 5.18, a capture that fails.
+``max_len``, a capture that fails.
 """
 
 from __future__ import annotations
@@ -58,6 +58,11 @@ _WRAPPED = ("generate", "forward", "prepare_inputs_for_generation", compat.DECOD
 #: decoding modes whose loop (transformers' ``_sample``) copies a step's logits before the next step
 _COPYING_MODES = (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE)
 _ASSISTED = ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit", "assistant_tokenizer")
+
+
+def _transformers_class(layer) -> type:
+    """The cache layer's own transformers class, under the subclasses ``speculative`` gives instances."""
+    return next(c for c in type(layer).__mro__ if not c.__module__.startswith("replayssm"))
 
 
 def cuda_graphs_available(device: torch.device) -> bool:
@@ -351,8 +356,6 @@ class GraphDecoder:
             return "the model is in training mode"
         if compat.find_cache(kwargs) is not None:
             return "a cache was passed in"
-        if _assisted(kwargs) and compat.refuses_assisted_on_static_caches():
-            return "assisted generation on transformers < 5.18 (it refuses a static cache there)"
         if (config.num_beams or 1) > 1:
             return "beam search"
         if config.use_cache is False:
@@ -442,11 +445,10 @@ class GraphDecoder:
         if fitting:
             slot = min(fitting, key=lambda s: s.max_len)
         else:
-            from transformers import StaticCache
-
             max_len = self.max_len or max(MIN_LEN, 1 << (need - 1).bit_length())
+            cache_class = compat.static_cache_class(assisted)
             slot = GraphSlot(batch_size=batch, max_len=max_len, assisted=assisted,
-                             cache=StaticCache(config=self.model.config, max_cache_len=max_len))
+                             cache=cache_class(config=self.model.config, max_cache_len=max_len))
             self.slots.append(slot)
             while len(self.slots) > MAX_SLOTS:
                 self.slots.remove(min(self.slots, key=lambda s: s.last_used))
@@ -455,8 +457,7 @@ class GraphDecoder:
 
     @staticmethod
     def _unsafe_layers(cache) -> str | None:
-        names = sorted({getattr(type(layer), "_replayssm_original_layer_class", type(layer)).__name__
-                        for layer in cache.layers} - GRAPH_SAFE_LAYERS)
+        names = sorted({_transformers_class(layer).__name__ for layer in cache.layers} - GRAPH_SAFE_LAYERS)
         if names:
             return f"cache layers {', '.join(names)} keep host-side state that a graph would freeze"
         return None

@@ -212,3 +212,35 @@ def test_scaled_or_stochastic_checkpoints_refuse_verify_windows(patch_kw):
             generate(model, ids, mask, max_new_tokens=12, prompt_lookup_num_tokens=3)
     finally:
         replayssm.unpatch(model)
+
+
+def test_static_layer_crop_moves_the_length_counter_back_in_place():
+    """The crop a static attention layer gets where its class has none (transformers before 5.18): the
+    counter moves back in place (a captured graph reads that tensor) as 5.18+'s own crop does; the
+    layer's class is given it only where it lacks one; a positive count raises."""
+    from transformers.cache_utils import StaticLayer
+
+    from replayssm.patches.speculative import _static_crop_layer_class
+
+    def filled():
+        layer = StaticLayer(max_cache_len=8)
+        layer.update(torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4))
+        return layer
+
+    layer = filled()
+    counter = layer.cumulative_length
+    compat.static_layer_crop(layer, -3)
+    assert layer.cumulative_length is counter and int(counter) == 2
+    if callable(getattr(StaticLayer, "crop", None)):  # transformers 5.18+: the same as its own crop
+        own = filled()
+        own.crop(-3)
+        assert int(own.cumulative_length) == 2 and not compat.lacks_static_crop(own)
+    else:
+        assert compat.lacks_static_crop(layer)
+        layer.__class__ = _static_crop_layer_class(StaticLayer)
+        assert layer.is_croppable and not compat.lacks_static_crop(layer)
+        layer.crop(-1)
+        assert int(counter) == 1
+    assert compat.attention_crop(StaticLayer) is not None
+    with pytest.raises(ValueError, match="crop\\(-n\\)"):
+        compat.static_layer_crop(layer, 1)
