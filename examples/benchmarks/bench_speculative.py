@@ -22,7 +22,8 @@ Decode rates come from two lengths, as `replayssm bench`'s step times do: ``toke
 ``--reps``), so the prefill and the first rounds cancel; ``e2e_tokens_per_s`` is new / t(new), prefill
 included. ``round_ms``: a verify round by the same difference; ``forward_ms``: the window forward alone
 (synchronised, the prefill's forward left out), the median of ``--reps`` more runs; ``host_ms`` = round -
-forward, the loop's host work the GPU waits for. ``--profile N`` (CUDA graphs): for the first ``--accept``
+forward, the loop's host work the GPU waits for; ``host_launch_us`` (in the header) how fast this host
+issues eager launches, which that host work follows from machine to machine. ``--profile N`` (CUDA graphs): for the first ``--accept``
 value, ``profile_generate.py``'s figures per verify round (device-busy time, kernels, the N largest kernels
 and host operators) from one more run. Writes ``speculative.json`` / ``speculative.md`` to ``--out``.
 
@@ -135,6 +136,24 @@ def _timed(fn):
     out = fn()
     _sync()
     return out, time.perf_counter() - start
+
+
+def host_launch_us(device: str, launches: int = 2000, rounds: int = 5) -> float:
+    """Median µs per eager launch of a one-element add on ``device``, launched back to back: how fast
+    this host issues work, which sets the assisted loop's host time (its rounds run eagerly between
+    the graph replays) and so how much of the GPU's speed-up a machine shows."""
+    x = torch.zeros(1, device=device)
+    for _ in range(100):
+        x.add_(1)
+    runs = []
+    for _ in range(rounds):
+        _sync()
+        start = time.perf_counter()
+        for _ in range(launches):
+            x.add_(1)
+        _sync()
+        runs.append((time.perf_counter() - start) / launches * 1e6)
+    return sorted(runs)[rounds // 2]
 
 
 def _median(runs):
@@ -327,6 +346,7 @@ def main(argv=None) -> int:
     ids = ids.to(device)
     rows = run(model, ids, args)
     meta = dict(date=datetime.date.today().isoformat(), model=name, dtype="float32" if args.smoke else args.dtype,
+                host_launch_us=round(host_launch_us(device), 2),
                 device=torch.cuda.get_device_name() if device == "cuda" else "cpu", torch=torch.__version__,
                 transformers=transformers.__version__, L=args.buffer_len, new_tokens=args.new_tokens,
                 command=" ".join(["python examples/benchmarks/bench_speculative.py",
@@ -335,7 +355,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "speculative.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
     lines = [f"{meta['date']} · {name} · {meta['device']} · torch {meta['torch']} · transformers "
-             f"{meta['transformers']} · L = {args.buffer_len} · `{meta['command']}`", "",
+             f"{meta['transformers']} · L = {args.buffer_len} · host {meta['host_launch_us']} µs an eager launch · "
+             f"`{meta['command']}`", "",
              "| mode | acceptance | decode tokens/s | x plain | tokens/s with prefill | x plain | rounds | "
              "round ms | forward ms | host ms | oracle runs | same tokens as plain greedy |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]

@@ -153,7 +153,8 @@ def test_speculative_benchmark_smoke_run(tmp_path):
         assert r["rounds"] > 0 and 0.0 <= r["acceptance"] <= 1.0
     assert rows[1]["acceptance"] == 1.0 and rows[3]["acceptance"] == 0.0 and rows[1]["rounds"] < rows[3]["rounds"]
     assert data["meta"]["model"] == "tiny:nemotron_h" and "--smoke" in data["meta"]["command"]
-    assert data["meta"]["dtype"] == "float32"
+    assert data["meta"]["dtype"] == "float32" and data["meta"]["host_launch_us"] > 0
+    assert f"host {data['meta']['host_launch_us']} µs an eager launch" in (tmp_path / "speculative.md").read_text()
     bad = subprocess.run([sys.executable, script, "--smoke", "--draft", "16"], capture_output=True, text=True,
                          env=ENV, timeout=120)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--draft must be below --buffer-len" in bad.stderr
