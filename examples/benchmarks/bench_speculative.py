@@ -22,10 +22,10 @@ Decode rates come from two lengths, as `replayssm bench`'s step times do: ``toke
 ``--reps``), so the prefill and the first rounds cancel; ``e2e_tokens_per_s`` is new / t(new), prefill
 included. ``round_ms``: a verify round by the same difference; ``forward_ms``: the window forward alone
 (synchronised, the prefill's forward left out), the median of ``--reps`` more runs; ``host_ms`` = round -
-forward, the loop's host work the GPU waits for; ``host_launch_us`` (in the header) how fast this host
-issues eager launches, which that host work follows from machine to machine. ``--profile N`` (CUDA graphs): for the first ``--accept``
-value, ``profile_generate.py``'s figures per verify round (device-busy time, kernels, the N largest kernels
-and host operators) from one more run. Writes ``speculative.json`` / ``speculative.md`` to ``--out``.
+forward, the loop's host work the GPU waits for; ``host_launch_us`` (in the header): how fast this host
+issues eager launches, to compare machines. ``--profile N`` (CUDA graphs): for the first ``--accept`` value,
+``profile_generate.py``'s figures per verify round (device-busy time, kernels, the N largest kernels and
+host operators) from one more run. Writes ``speculative.json`` / ``speculative.md`` to ``--out``.
 
     python examples/benchmarks/bench_speculative.py --preset nemotron3-nano-like --accept 1,0.75,0.5,0.25,0
     python examples/benchmarks/bench_speculative.py --smoke      # tiny model, any machine
@@ -140,8 +140,7 @@ def _timed(fn):
 
 def host_launch_us(device: str, launches: int = 2000, rounds: int = 5) -> float:
     """Median µs per eager launch of a one-element add on ``device``, launched back to back: how fast
-    this host issues work, which sets the assisted loop's host time (its rounds run eagerly between
-    the graph replays) and so how much of the GPU's speed-up a machine shows."""
+    this host issues work (the assisted loop runs eagerly between the graph replays)."""
     x = torch.zeros(1, device=device)
     for _ in range(100):
         x.add_(1)
