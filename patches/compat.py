@@ -132,10 +132,14 @@ def static_layer_crop(layer, tokens_to_remove: int) -> None:
 
 
 def lacks_static_crop(layer) -> bool:
-    """A full-attention static cache layer whose class cannot crop (transformers before 5.18)."""
+    """A full-attention static cache layer whose class cannot crop (transformers before 5.18); not a
+    sliding-window or indexed one, whose crop would have more to restore."""
     from transformers import cache_utils
 
-    return isinstance(layer, cache_utils.StaticLayer) and not callable(getattr(type(layer), "crop", None))
+    special = tuple(c for c in (getattr(cache_utils, "StaticSlidingWindowLayer", None),
+                                getattr(cache_utils, "StaticIndexedLayer", None)) if c is not None)
+    return (isinstance(layer, cache_utils.StaticLayer) and not isinstance(layer, special)
+            and not callable(getattr(type(layer), "crop", None)))
 
 
 def conv_window_of_prefill(layer, width: int, keep: torch.Tensor | None = None) -> None:

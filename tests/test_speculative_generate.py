@@ -244,3 +244,15 @@ def test_static_layer_crop_moves_the_length_counter_back_in_place():
     assert compat.attention_crop(StaticLayer) is not None
     with pytest.raises(ValueError, match="crop\\(-n\\)"):
         compat.static_layer_crop(layer, 1)
+
+
+def test_only_full_attention_static_layers_get_the_counter_crop():
+    """Sliding-window and indexed static layers keep more than a length counter: never given it."""
+    from transformers import cache_utils
+
+    for name in ("StaticSlidingWindowLayer", "StaticIndexedLayer"):
+        cls = getattr(cache_utils, name, None)
+        if cls is not None:
+            layer = cls.__new__(cls)  # (the check reads the class only)
+            assert not compat.lacks_static_crop(layer)
+    assert not compat.lacks_static_crop(object())
