@@ -11,10 +11,10 @@
   and while recording a layer keeps the prefill's whole conv input (5.24) or K columns (5.17),
   which ``conv_window_of_prefill`` brings back to K columns. 5.17 refuses assisted generation on a
   cache of type ``StaticCache``, whose layers cannot crop there (a graph decoder's assisted slot is
-  a subclass, its attention layers cropped by ``static_layer_crop``); 5.24 takes it, drops the mask of a one-token step on a cache whose layers record
-  their past (so ``speculative`` answers ``is_compileable`` as a non-recording layer would) and its
-  ``StaticIndexedLayer.crop`` keeps the cropped tokens' indexer positions (``speculative`` crops
-  them where the class left them).
+  a subclass that crops them: ``static_cache_class``); 5.24 takes it, drops the mask of a one-token
+  step on a cache whose layers record their past (so ``speculative`` answers ``is_compileable`` as a
+  non-recording layer would) and its ``StaticIndexedLayer.crop`` keeps the cropped tokens' indexer
+  positions (``speculative`` crops them where the class left them).
 * 5.24's assisted loop enters ``_optimize_model_for_decode`` (switching a MoE's experts to
   ``batched_mm`` and back, two walks over every module) around every verify forward; 5.17 enters it
   once around the sampling loop only. ``DECODE_SWITCH`` names that context where the class has it.
@@ -109,15 +109,15 @@ def sdpa_groups_decode_queries() -> bool:
 
 def attention_crop(layer_class: type):
     """The ``crop`` of the attention part of a cache-layer class (the first class in its MRO that
-    defines ``crop`` and is not a linear-attention layer; ``static_layer_crop`` for a static layer
-    whose class has none, as before 5.18), None for a linear-attention-only class."""
+    defines ``crop`` and is not a linear-attention layer; ``static_layer_crop`` for a full-attention
+    static layer whose class has none, as before 5.18), None for a linear-attention-only class."""
     from transformers import cache_utils
 
     linear = getattr(cache_utils, "LinearAttentionCacheLayerMixin", None)
     for cls in layer_class.__mro__:
         if "crop" in cls.__dict__ and not (linear is not None and issubclass(cls, linear)):
             return cls.__dict__["crop"]
-    if issubclass(layer_class, cache_utils.StaticLayer):
+    if issubclass(layer_class, cache_utils.StaticLayer) and not issubclass(layer_class, _special_static_layers()):
         return static_layer_crop
     return None
 
@@ -136,10 +136,16 @@ def lacks_static_crop(layer) -> bool:
     sliding-window or indexed one, whose crop would have more to restore."""
     from transformers import cache_utils
 
-    special = tuple(c for c in (getattr(cache_utils, "StaticSlidingWindowLayer", None),
-                                getattr(cache_utils, "StaticIndexedLayer", None)) if c is not None)
-    return (isinstance(layer, cache_utils.StaticLayer) and not isinstance(layer, special)
+    return (isinstance(layer, cache_utils.StaticLayer) and not isinstance(layer, _special_static_layers())
             and not callable(getattr(type(layer), "crop", None)))
+
+
+@functools.lru_cache(maxsize=1)
+def _special_static_layers() -> tuple[type, ...]:
+    from transformers import cache_utils
+
+    return tuple(c for c in (getattr(cache_utils, "StaticSlidingWindowLayer", None),
+                             getattr(cache_utils, "StaticIndexedLayer", None)) if c is not None)
 
 
 def conv_window_of_prefill(layer, width: int, keep: torch.Tensor | None = None) -> None:
@@ -178,7 +184,7 @@ def _before_5_18() -> bool:
 def static_cache_class(assisted: bool) -> type:
     """The ``StaticCache`` class of a graph decoder's pooled cache. Before 5.18 the assisted loop refuses
     a cache whose type is exactly ``StaticCache`` (its static layers cannot crop there): an assisted
-    slot takes a subclass, whose attention layers ``speculative`` gives ``static_layer_crop``."""
+    slot takes a subclass whose ``crop`` crops those layers by ``static_layer_crop``."""
     from transformers import StaticCache
 
     if assisted and _before_5_18():
@@ -186,12 +192,31 @@ def static_cache_class(assisted: bool) -> type:
     return StaticCache
 
 
+def _crop_layers(cache, tokens_to_remove: int) -> None:
+    """``crop`` of the assisted slot's cache: each layer's own, ``static_layer_crop`` for a full-attention
+    static layer, whose class has none before 5.18."""
+    for layer in cache.layers:
+        if callable(getattr(type(layer), "crop", None)):
+            layer.crop(tokens_to_remove)
+        elif lacks_static_crop(layer):
+            static_layer_crop(layer, tokens_to_remove)
+        else:
+            raise ValueError(f"expected cache layers that can crop; found a {type(layer).__name__} (transformers "
+                             "before 5.18 gives it no crop)")
+
+
+def _layers_croppable(cache) -> bool:
+    return all(lacks_static_crop(layer) or layer.is_croppable for layer in cache.layers)
+
+
 @functools.lru_cache(maxsize=1)
 def _assisted_static_cache_class() -> type:
     from transformers import StaticCache
 
-    return type("AssistedStaticCache", (StaticCache,), {"__doc__": "A StaticCache that transformers < 5.18's "
-                                                        "assisted loop takes (its check is on the exact type)."})
+    return type("AssistedStaticCache", (StaticCache,), {
+        "crop": _crop_layers, "is_croppable": property(_layers_croppable),
+        "__doc__": "A StaticCache that transformers < 5.18's assisted loop takes (its check is on the exact "
+                   "type), whose full-attention static layers crop as 5.18's do."})
 
 
 def refuses_assisted_on_static_caches() -> bool:

@@ -13,8 +13,9 @@ everything around the model call (logits processors, sampling, stopping) stay ea
 Assisted generation (a draft model, prompt lookup) gets pooled slots of its own (before transformers
 5.18 a ``StaticCache`` subclass with croppable attention layers, ``compat.static_cache_class``):
 after the prefill, every forward of T new tokens (a verify window, T = 1 in rounds without drafts)
-is captured once per shape on its second occurrence and replayed after that, while every ReplaySSM layer has all its entries committed (the state each
-crop leaves, which the captured window assumed: ``speculative.settled``); the crops run eagerly.
+is captured once per shape on its second occurrence and replayed after that, while every ReplaySSM
+layer has all its entries committed (the state each crop leaves, which the captured window assumed:
+``speculative.settled``); the crops run eagerly.
 transformers' decode context (a MoE's experts switched to ``batched_mm``), which the assisted loop
 enters and leaves around every forward, is entered once per call here and left when ``generate``
 returns: a captured forward is the same either way, and each switch walks every module twice.
@@ -58,11 +59,6 @@ _WRAPPED = ("generate", "forward", "prepare_inputs_for_generation", compat.DECOD
 #: decoding modes whose loop (transformers' ``_sample``) copies a step's logits before the next step
 _COPYING_MODES = (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE)
 _ASSISTED = ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit", "assistant_tokenizer")
-
-
-def _transformers_class(layer) -> type:
-    """The cache layer's own transformers class, under the subclasses ``speculative`` gives instances."""
-    return next(c for c in type(layer).__mro__ if not c.__module__.startswith("replayssm"))
 
 
 def cuda_graphs_available(device: torch.device) -> bool:
@@ -457,7 +453,8 @@ class GraphDecoder:
 
     @staticmethod
     def _unsafe_layers(cache) -> str | None:
-        names = sorted({_transformers_class(layer).__name__ for layer in cache.layers} - GRAPH_SAFE_LAYERS)
+        names = sorted({getattr(type(layer), "_replayssm_original_layer_class", type(layer)).__name__
+                        for layer in cache.layers} - GRAPH_SAFE_LAYERS)
         if names:
             return f"cache layers {', '.join(names)} keep host-side state that a graph would freeze"
         return None

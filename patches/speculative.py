@@ -375,26 +375,13 @@ def _indexed_layer_class(cls: type) -> type:
     return sub
 
 
-def _static_crop_layer_class(cls: type) -> type:
-    """The subclass of a static attention cache-layer class without ``crop`` (transformers before 5.18)
-    that crops as 5.18+ does (``compat.static_layer_crop``; created once per class)."""
-    sub = _LAYER_CLASSES.get(cls)
-    if sub is None:
-        sub = type(f"Cropping{cls.__name__}", (cls,), {
-            "__module__": __name__, "crop": compat.static_layer_crop, "is_croppable": True,
-            "__doc__": f"{cls.__name__} that crops by moving its length counter back."})
-        _LAYER_CLASSES[cls] = sub
-    return sub
-
-
 def enable_layer_rollback(layer, cache=None) -> None:
     """Give the cache layer instance its rollback subclass (``cache_state.detach_buffers`` undoes it)
     and ``cache`` its one-launch ``crop`` (an instance attribute: the cache object is the call's own, or
     a graph decoder's pooled one; it falls back to the layers' crops wherever the launch does not apply).
     With ``cache``, also its linear-attention layers that no layer ever initialises (5.17 gives
-    MLP-only layers one): their subclass's crop is a no-op, as nothing is there to crop; its
-    indexed attention layers a crop that leaves no rejected draft's position behind; and its static
-    attention layers whose class has no crop (before 5.18) the crop of 5.18+."""
+    MLP-only layers one): their subclass's crop is a no-op, as nothing is there to crop; and its
+    indexed attention layers a crop that leaves no rejected draft's position behind."""
     layer.__class__ = rollback_layer_class(type(layer))
     if cache is not None and callable(getattr(type(cache), "crop", None)) and "crop" not in cache.__dict__:
         cache.crop = types.MethodType(_cache_crop, cache)
@@ -403,8 +390,6 @@ def enable_layer_rollback(layer, cache=None) -> None:
             other.__class__ = rollback_layer_class(type(other))
         elif hasattr(other, "indexer_position_ids") and "crop" in type(other).__dict__:
             other.__class__ = _indexed_layer_class(type(other))
-        elif compat.lacks_static_crop(other):
-            other.__class__ = _static_crop_layer_class(type(other))
 
 
 # ----------------------------------------------------------------------------- the model

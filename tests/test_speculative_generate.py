@@ -217,10 +217,11 @@ def test_scaled_or_stochastic_checkpoints_refuse_verify_windows(patch_kw):
 def test_static_layer_crop_moves_the_length_counter_back_in_place():
     """The crop a static attention layer gets where its class has none (transformers before 5.18): the
     counter moves back in place (a captured graph reads that tensor) as 5.18+'s own crop does; the
-    layer's class is given it only where it lacks one; a positive count raises."""
-    from transformers.cache_utils import StaticLayer
+    assisted slot's cache class applies it there only; a positive count raises."""
+    import types
 
-    from replayssm.patches.speculative import _static_crop_layer_class
+    from transformers import StaticCache
+    from transformers.cache_utils import StaticLayer
 
     def filled():
         layer = StaticLayer(max_cache_len=8)
@@ -235,11 +236,14 @@ def test_static_layer_crop_moves_the_length_counter_back_in_place():
         own = filled()
         own.crop(-3)
         assert int(own.cumulative_length) == 2 and not compat.lacks_static_crop(own)
+        assert compat.static_cache_class(assisted=True) is StaticCache
     else:
         assert compat.lacks_static_crop(layer)
-        layer.__class__ = _static_crop_layer_class(StaticLayer)
-        assert layer.is_croppable and not compat.lacks_static_crop(layer)
-        layer.crop(-1)
+        cache_class = compat.static_cache_class(assisted=True)
+        assert cache_class is not StaticCache and issubclass(cache_class, StaticCache)
+        holder = types.SimpleNamespace(layers=[layer])  # (crop and is_croppable read the layers only)
+        assert cache_class.is_croppable.fget(holder)
+        cache_class.crop(holder, -1)
         assert int(counter) == 1
     assert compat.attention_crop(StaticLayer) is not None
     with pytest.raises(ValueError, match="crop\\(-n\\)"):
