@@ -16,9 +16,10 @@ after the prefill, every forward of T new tokens (a verify window, T = 1 in roun
 is captured once per shape on its second occurrence and replayed after that, while every ReplaySSM
 layer has all its entries committed (the state each crop leaves, which the captured window assumed:
 ``speculative.settled``); the crops run eagerly.
-transformers' decode context (a MoE's experts switched to ``batched_mm``), which the assisted loop
-enters and leaves around every forward, is entered once per call here and left when ``generate``
-returns: a captured forward is the same either way, and each switch walks every module twice.
+transformers' decode context (a MoE's experts switched to ``batched_mm``), which 5.24's assisted loop
+enters and leaves around every forward and 5.17's never enters, is entered once per call here, at the
+first forward after the prefill, and left when ``generate`` returns: every window then runs the
+experts as plain decoding does, and the switch (two walks over every module) runs once.
 
 Whatever the graphs cannot serve falls back to the eager patched path with one log line: beam
 search, a cache passed in, a cache implementation asked for, a model off CUDA, a sliding-window
@@ -334,10 +335,14 @@ class GraphDecoder:
         ``generate`` returns (an empty context for the later uses); outside such a call, the original."""
         if self.current is None:
             return self._original_switch()
-        if self._switched is None:
+        self._hold_decode_switch()
+        return contextlib.nullcontext()
+
+    def _hold_decode_switch(self) -> None:
+        """Enter transformers' decode context for the rest of this call, once."""
+        if self._switched is None and self._original_switch is not None:
             self._switched = contextlib.ExitStack()
             self._switched.enter_context(self._original_switch())
-        return contextlib.nullcontext()
 
     def _log_once(self, reason: str) -> None:
         if reason not in self._logged:
@@ -521,7 +526,11 @@ class GraphDecoder:
         slot.step += 1
         if slot.step == 1:  # the prefill: the cache's tensors may have moved since the last call
             slot.checked_windows.clear()
-        if slot.step == 1 or slot.failed is not None or not speculative.settled(slot.cache):
+            return self._original_forward(**kwargs)
+        # every window in the decode context, as in plain decoding (5.17's assisted loop never enters it,
+        # and a MoE's grouped_mm experts would be captured then)
+        self._hold_decode_switch()
+        if slot.failed is not None or not speculative.settled(slot.cache):
             return self._original_forward(**kwargs)
         signature = _signature(kwargs)
         record = slot.windows.get(signature)
