@@ -55,11 +55,11 @@ class _Compile:
     """Stands for a ``@triton.jit`` kernel: ``kernel[grid](...)`` compiles, keeps the result, runs nothing."""
 
     def __init__(self, kernel):
-        self.kernel, self.compiled = kernel, None
+        self.kernel, self.compiled = kernel, []
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            self.compiled = self.kernel.warmup(*args, grid=grid, **kwargs)
+            self.compiled.append(self.kernel.warmup(*args, grid=grid, **kwargs))
         return launch
 
 
@@ -72,10 +72,10 @@ def _shim(module, names) -> dict:
 
 
 def _compiled(shims) -> list:
-    """(name, compiled kernel) of the stand-ins that a launch compiled, and reset them."""
-    out = [(name, s.compiled) for name, s in shims.items() if s.compiled is not None]
+    """(name, compiled kernel) of each launch the stand-ins compiled (a name once per launch), and reset them."""
+    out = [(name, c) for name, s in shims.items() for c in s.compiled]
     for s in shims.values():
-        s.compiled = None
+        s.compiled = []
     return out
 
 
@@ -169,8 +169,8 @@ def _mamba2_replay(batch, L, act, sdt, configs):
             z(batch, H, P, N).to(sdt), z(batch, H, L, P, dtype=act), z(batch, H, L, dtype=act),
             z(batch, G, L, N, dtype=act), z(batch, dtype=torch.int32), z(H), z(H), z(H), None, True,
             z(batch, H, P, dtype=act), False, z(batch, dtype=torch.int32))
-    default = launch.quant_config(default_config(batch, H, P, N, G, L, sdt.itemsize, act.itemsize, 132), N,
-                                  scaled, False)  # as the launch widens it
+    default = launch.quant_config(default_config(batch, H, P, N, G, L, sdt.itemsize, act.itemsize, 132,
+                                                 sdt == torch.float8_e4m3fn), N, scaled, False)  # as the launch widens it
     for cfg in [default] + _parse(configs, LaunchConfig):
         launch.launch_replay(*args, config=cfg, state_scale=z(batch, H, P) if scaled else None)
         yield cfg, _compiled(shims)

@@ -38,6 +38,9 @@ class LaunchConfig:
         launch-wide (batches up to ``persistent.FLUSH_ROWS``; larger ones keep row order).
     dot_precision: the flush ``tl.dot`` on fp32 operands: a ``tl.dot`` input precision, or ``bf16x2`` /
         ``bf16x3`` (``replayssm.kernels.split_dot``); None: ``tf32x3`` (``ieee`` under the interpreter).
+    split_routes: two launches of the same grid, the output-only rows' (compiled without the flush
+        route, so with fewer registers) and then the flushing rows' in the flush-first order, which
+        moves every row's cursor on (batches up to ``persistent.FLUSH_ROWS``; one launch above).
     """
 
     block_p: int
@@ -49,6 +52,7 @@ class LaunchConfig:
     specialize: bool = True
     flush_first: bool = False
     dot_precision: str | None = None
+    split_routes: bool = False
 
     def __post_init__(self):
         for name in ("block_p", "block_n", "flush_block_n", "num_warps"):
@@ -76,9 +80,10 @@ def program_split(cfg, H: int, P: int, G: int) -> tuple[int, int, int]:
 
 @functools.lru_cache(maxsize=1024)
 def default_config(Bt: int, H: int, P: int, N: int, G: int, L: int, state_bytes: int, act_bytes: int,
-                   n_sm: int) -> LaunchConfig:
+                   n_sm: int, fp8: bool = False) -> LaunchConfig:
     """The replay launch for ``Bt`` rows of a layer (H, P, N, G), buffer length L, checkpoint and
-    activations of ``state_bytes`` / ``act_bytes`` bytes, ``n_sm`` multiprocessors."""
+    activations of ``state_bytes`` / ``act_bytes`` bytes (``fp8``: an e4m3 checkpoint), ``n_sm``
+    multiprocessors."""
     HPG = H // G
     small, lowp = Bt <= 4, state_bytes == 2 and act_bytes == 2
     # one state tile per head up to N = 256 (its loads then go out before the cursor is read)
@@ -105,9 +110,12 @@ def default_config(Bt: int, H: int, P: int, N: int, G: int, L: int, state_bytes:
             block_nf = block_n  # one flush tile: the first head flushes from the early loads
     # from batch 32 the flushing rows' programs first (staggered cursors no longer wait for them)
     flush_first = Bt >= 32
+    # e4m3 checkpoints from batch 256: the routes in two launches (the one-launch program's e4m3 flush
+    # spills heavily; at smaller batches the flushing rows' launch of staggered cursors runs alone)
+    split = fp8 and Bt >= 256
     hc = program_split(LaunchConfig(block_p, hc, block_n, block_nf, warps, flush_fma), H, P, G)[0]
     return LaunchConfig(block_p, hc, block_n, block_nf, warps, flush_fma=flush_fma, specialize=specialize,
-                        flush_first=flush_first)
+                        flush_first=flush_first, split_routes=split)
 
 
 @dataclass(frozen=True)

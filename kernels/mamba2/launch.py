@@ -69,18 +69,28 @@ def uses_lowp_dot(state_dtype: torch.dtype, x_buf_dtype: torch.dtype, B_buf_dtyp
     return state_dtype.itemsize <= 2 and x_buf_dtype.itemsize == 2 and x_buf_dtype == B_buf_dtype
 
 
+def split_routes(cfg: LaunchConfig, n_rows: int) -> bool:
+    """Whether a replay launch of ``cfg`` over ``n_rows`` rows runs as two launches (``LaunchConfig``)."""
+    return cfg.split_routes and n_rows <= FLUSH_ROWS
+
+
 def replay_flags(cfg: LaunchConfig, N: int, L: int, n_rows: int, *, has_dt_bias: bool, has_D: bool, has_z: bool,
-                 dt_softplus: bool, zero_idle: bool, lowp: bool, fmt: int = 0, sr: bool = False) -> Flags:
-    """The compile-time switches of a replay launch of ``cfg`` over ``n_rows`` rows."""
-    early = cfg.block_n >= N  # one state tile: the first head's loads go out before the cursor
-    flush_first_bb = pow2(n_rows) if cfg.flush_first and n_rows <= FLUSH_ROWS else 0
+                 dt_softplus: bool, zero_idle: bool, lowp: bool, fmt: int = 0, sr: bool = False,
+                 route: int = 0) -> Flags:
+    """The compile-time switches of a replay launch of ``cfg`` over ``n_rows`` rows; ``route``: 0 one
+    launch, 1 / 2 the output-only / flush launch of ``split_routes``."""
+    # one state tile: the first head's loads go out before the cursor (not in a flush launch, whose
+    # other rows' programs only arrive)
+    early = cfg.block_n >= N and route != 2
+    flush_first = (cfg.flush_first and route != 1) or route == 2
+    flush_first_bb = pow2(n_rows) if flush_first and n_rows <= FLUSH_ROWS else 0
     return compiled_in(Flags(
         HAS_DT_BIAS=has_dt_bias, HAS_D=has_D, HAS_Z=has_z, DT_SOFTPLUS=bool(dt_softplus),
         ZERO_IDLE=bool(zero_idle), DOT_LOWP=lowp, DOT_PREC=dot_precision(cfg.dot_precision),
         FLUSH_FMA=cfg.flush_fma, EARLY=early,
         FLUSH_FROM_EARLY=early and cfg.flush_block_n == cfg.block_n, FLUSH_FIRST_BB=flush_first_bb,
         BLOCK_P=cfg.block_p, BLOCK_N=cfg.block_n, BLOCK_NF=cfg.flush_block_n, BLOCK_L=max(16, pow2(L)), FMT=fmt,
-        SR=bool(sr)))
+        SR=bool(sr), ROUTE=route))
 
 
 def quant_config(cfg: LaunchConfig, N: int, scaled: bool, given: bool) -> LaunchConfig:
@@ -113,7 +123,7 @@ def launch_replay(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, 
     if Bt == 0:
         return
     cfg = config or default_config(Bt, H, P, N, G, L, state.element_size(), x_buf.element_size(),
-                                   num_sms(x.device.type, x.device.index))
+                                   num_sms(x.device.type, x.device.index), state.dtype == torch.float8_e4m3fn)
     cfg = quant_config(cfg, N, is_scaled(state.dtype), config is not None)
     if state_rng is not None:
         advance_flush_counters(state_rng, cursor, L)  # before the launch reads them
@@ -129,15 +139,16 @@ def launch_replay(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, 
                    state_rng.stride(0) if state_rng is not None else 0)
     lay = Layout(P, N, L, G, H // G, HC, n_hc, n_pb, *state.stride(), *x_buf.stride(), *dt_buf.stride(),
                  *B_buf.stride())
-    flags = replay_flags(cfg, N, L, Bt, has_dt_bias=dt_bias is not None, has_D=D is not None, has_z=z is not None,
-                         dt_softplus=dt_softplus, zero_idle=zero_idle,
-                         lowp=uses_lowp_dot(state.dtype, x_buf.dtype, B_buf.dtype), fmt=state_format(state.dtype),
-                         sr=state_rng is not None)
     if cfg.specialize:
         kernel, lay = replay_kernel, compiled_in(lay)
     else:
         kernel = replay_kernel_dyn
-    kernel[(Bt * G * n_hc * n_pb,)](t, io, lay, flags, num_warps=cfg.num_warps, num_stages=1)
+    for route in (1, 2) if split_routes(cfg, Bt) else (0,):
+        flags = replay_flags(cfg, N, L, Bt, has_dt_bias=dt_bias is not None, has_D=D is not None,
+                             has_z=z is not None, dt_softplus=dt_softplus, zero_idle=zero_idle,
+                             lowp=uses_lowp_dot(state.dtype, x_buf.dtype, B_buf.dtype),
+                             fmt=state_format(state.dtype), sr=state_rng is not None, route=route)
+        kernel[(Bt * G * n_hc * n_pb,)](t, io, lay, flags, num_warps=cfg.num_warps, num_stages=1)
 
 
 def launch_step(x, dt, B, C, state, A, dt_bias, D, z, dt_softplus, out, config: StepConfig | None = None) -> None:

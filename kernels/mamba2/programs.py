@@ -32,8 +32,10 @@ Layout = namedtuple("Layout", "P N L G HPG HC n_hc n_pb s_b s_h s_p s_n xb_b xb_
                               "Bb_b Bb_g Bb_l Bb_n")
 #: compile-time switches and block sizes (``launch.replay_flags``); FMT: the checkpoint's format
 #: (``quant_triton``: >= 3 scaled, one scale per head-dim lane over N), SR: stochastic rounding
+#: ROUTE: 0 both routes; 1 the output-only rows alone (no flush code, no cursor advance); 2 the flushing
+#: rows alone, with the launch-wide cursor advance of every row (after a ROUTE 1 launch)
 Flags = namedtuple("Flags", "HAS_DT_BIAS HAS_D HAS_Z DT_SOFTPLUS ZERO_IDLE DOT_LOWP DOT_PREC FLUSH_FMA EARLY "
-                            "FLUSH_FROM_EARLY FLUSH_FIRST_BB BLOCK_P BLOCK_N BLOCK_NF BLOCK_L FMT SR")
+                            "FLUSH_FROM_EARLY FLUSH_FIRST_BB BLOCK_P BLOCK_N BLOCK_NF BLOCK_L FMT SR ROUTE")
 
 
 @triton.jit
@@ -63,7 +65,7 @@ def _program_row(t, io, lay, k):
 
 
 @triton.jit
-def _early_loads(b, g, h0, offs_p, mask_p, t, io, lay, k):
+def _early_loads(b, g, h0, offs_p, mask_p, mask_s, t, io, lay, k):
     """Every load of the first head, its constants included, issued before the cursor is known
     (the compiler does not hoist loads above the branch on it). Window loads are bounded by L, not
     by the cursor; stale slots are selected away once it is known (NaN there is harmless)."""
@@ -72,7 +74,7 @@ def _early_loads(b, g, h0, offs_p, mask_p, t, io, lay, k):
     offs_l0 = tl.arange(0, k.BLOCK_L)
     in_l = offs_l0 < lay.L
     s_e = tl.load(t.state + b * lay.s_b + h0 * lay.s_h + offs_p[:, None] * lay.s_p + offs_n0[None, :] * lay.s_n,
-                  mask=mask_p[:, None] & mn0[None, :], other=0.0)
+                  mask=mask_s[:, None] & mn0[None, :], other=0.0)
     cv_e = tl.load(t.C + b * io.C_b + g * io.C_g + offs_n0 * io.C_n, mask=mn0, other=0.0)
     bc_e = tl.load(t.B + b * io.B_b + g * io.B_g + offs_n0 * io.B_n, mask=mn0, other=0.0)
     bw_e = tl.load(t.B_buf + b * lay.Bb_b + g * lay.Bb_g + offs_l0[:, None] * lay.Bb_l + offs_n0[None, :] * lay.Bb_n,
@@ -386,25 +388,51 @@ def _advance_all_if_last(arrived, cur_all, offs_r, n_rows, t, io, lay):
 
 
 @triton.jit
+def _flush_route(b, h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k):
+    if k.FLUSH_FMA:
+        _flush_heads_fma(b, h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k)
+    else:
+        _flush_heads_dot(b, h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k)
+
+
+@triton.jit
+def _output_route(b, h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k):
+    bc = _output_window_products(rows, e, t, io, lay, k)
+    if k.EARLY:
+        if k.BLOCK_N >= lay.N:  # (a runtime test in replay_kernel_dyn; true whenever EARLY)
+            _output_heads_one_tile(b, h0, nh, pb, c, bc, offs_p, mask_p, rows, e, t, io, lay, k)
+        else:
+            _output_heads_tiled(b, h0, nh, pb, c, bc, offs_p, mask_p, rows, t, io, lay, k)
+    else:
+        _output_heads_tiled(b, h0, nh, pb, c, bc, offs_p, mask_p, rows, t, io, lay, k)
+
+
+@triton.jit
 def _replay_program(t, io, lay, k):
     """One replay step of one program (module notes). The cursor advance needs every program of a
     row to have read ``c``: each arrives (a relaxed ``atomic_add`` after a CTA barrier: every thread
     has branched on ``c`` first, so its read has returned) and the last one to arrive writes
     ``(c + 1) % L`` at its end. Per-row counts at ``arrivals[b]``, or with the flush-first order
-    one launch-wide count at ``arrivals[0]`` (idle rows' programs arrive too)."""
+    one launch-wide count at ``arrivals[0]`` (idle rows' programs arrive too). With ROUTE 1 / 2 a
+    program skips the rows of the other route (ROUTE 1: no arrivals; ROUTE 2: flush-first order)."""
     b, c, g, hc, pb, cur_all, offs_r, n_rows = _program_row(t, io, lay, k)
     offs_p = pb * k.BLOCK_P + tl.arange(0, k.BLOCK_P)
     mask_p = offs_p < lay.P
     h0 = g * lay.HPG + hc * lay.HC
     nh = tl.minimum(lay.HC, lay.HPG - hc * lay.HC)
+    is_flush = c == lay.L - 1
     if k.EARLY:
-        e = _early_loads(b, g, h0, offs_p, mask_p, t, io, lay, k)
+        if k.ROUTE == 1:  # a flushing row's checkpoint is read by the ROUTE 2 launch
+            mask_s = mask_p & ((tl.zeros([k.BLOCK_P], dtype=tl.int32) + c) != lay.L - 1)
+        else:
+            mask_s = mask_p
+        e = _early_loads(b, g, h0, offs_p, mask_p, mask_s, t, io, lay, k)
     else:  # placeholders: the routes load their own tiles then
         e = (0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0)
     if c < 0:
         # idle row: nothing written (except zeros into a freshly allocated out); its early loads
         # are discarded
-        if k.ZERO_IDLE:
+        if k.ZERO_IDLE and k.ROUTE != 2:
             for i in range(0, nh):
                 h = h0 + i
                 tl.store(t.out + b * io.out_b + h * io.out_h + offs_p * io.out_p,
@@ -413,38 +441,43 @@ def _replay_program(t, io, lay, k):
             tl.debug_barrier()
             _advance_all_if_last(tl.atomic_add(t.arrivals, 1, sem="relaxed"), cur_all, offs_r, n_rows, t, io, lay)
         return
+    if k.ROUTE == 1:
+        if is_flush:
+            return
+    if k.ROUTE == 2:
+        if c != lay.L - 1:
+            tl.debug_barrier()
+            _advance_all_if_last(tl.atomic_add(t.arrivals, 1, sem="relaxed"), cur_all, offs_r, n_rows, t, io, lay)
+            return
 
-    is_flush = c == lay.L - 1
     tl.debug_barrier()
-    if k.FLUSH_FIRST_BB > 0:
-        arrived = tl.atomic_add(t.arrivals, 1, sem="relaxed")
-    else:
-        arrived = tl.atomic_add(t.arrivals + b, 1, sem="relaxed")
+    arrived = 0
+    if k.ROUTE != 1:
+        if k.FLUSH_FIRST_BB > 0:
+            arrived = tl.atomic_add(t.arrivals, 1, sem="relaxed")
+        else:
+            arrived = tl.atomic_add(t.arrivals + b, 1, sem="relaxed")
 
     rows = _row_pointers(b, g, c, offs_p, mask_p, t, io, lay, k)
-    if is_flush:
-        if k.FLUSH_FMA:
-            _flush_heads_fma(b, h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k)
-        else:
-            _flush_heads_dot(b, h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k)
+    if k.ROUTE == 1:
+        _output_route(b, h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k)
+    elif k.ROUTE == 2:
+        _flush_route(b, h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k)
     else:
-        bc = _output_window_products(rows, e, t, io, lay, k)
-        if k.EARLY:
-            if k.BLOCK_N >= lay.N:  # (a runtime test in replay_kernel_dyn; true whenever EARLY)
-                _output_heads_one_tile(b, h0, nh, pb, c, bc, offs_p, mask_p, rows, e, t, io, lay, k)
-            else:
-                _output_heads_tiled(b, h0, nh, pb, c, bc, offs_p, mask_p, rows, t, io, lay, k)
+        if is_flush:
+            _flush_route(b, h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k)
         else:
-            _output_heads_tiled(b, h0, nh, pb, c, bc, offs_p, mask_p, rows, t, io, lay, k)
+            _output_route(b, h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k)
     if (hc == 0) & (pb == 0):  # one program per (row, group) appends B
         _append_B(c, rows, t, io, lay, k)
 
-    if k.FLUSH_FIRST_BB > 0:
-        _advance_all_if_last(arrived, cur_all, offs_r, n_rows, t, io, lay)
-    else:
-        if arrived == lay.G * lay.n_hc * lay.n_pb - 1:
-            tl.store(t.cursor + b * io.cur, ((c + 1) % lay.L).to(t.cursor.dtype.element_ty))
-            tl.store(t.arrivals + b, 0)
+    if k.ROUTE != 1:
+        if k.FLUSH_FIRST_BB > 0:
+            _advance_all_if_last(arrived, cur_all, offs_r, n_rows, t, io, lay)
+        else:
+            if arrived == lay.G * lay.n_hc * lay.n_pb - 1:
+                tl.store(t.cursor + b * io.cur, ((c + 1) % lay.L).to(t.cursor.dtype.element_ty))
+                tl.store(t.arrivals + b, 0)
 
 
 @triton.jit

@@ -134,22 +134,24 @@ def test_replay_counts_arrivals_in_the_given_counters(monkeypatch):
                                  torch.empty(Bt, 4, 16, device=DEV), False, arrivals=bad)
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["one-launch", "split-routes"])
 @pytest.mark.parametrize("cursors,BLOCK_P,HC,specialize,fma", [
     ([2, 0, -1, 2, 1, 2], 8, 1, True, True),     # three flush rows between others, an idle row, 2 lane blocks
     ([0, 1, 2, -1, -1, 0], 16, 2, False, False),  # runtime sizes, two heads per program, dot flush
     ([2, 2, 2, 2, 2, 2], 16, 1, True, True),     # every row flushes together
     ([-1, -1, 0, -1, 1, -1], 16, 1, True, True),  # mostly idle rows
 ])
-def test_replay_flush_first_order(cursors, BLOCK_P, HC, specialize, fma):
+def test_replay_flush_first_order(cursors, BLOCK_P, HC, specialize, fma, split):
     """Flush-first order: the flush rows' programs first, the cursors moved by the launch's last
     program. Same trajectory as the reference (outputs, rings, checkpoints, cursors every step); the
-    launch-wide count uses only the first entry of ``arrivals`` and leaves it at zero."""
+    launch-wide count uses only the first entry of ``arrivals`` and leaves it at zero. With split
+    routes the output-only rows' launch runs first and the flush launch moves every cursor."""
     from replayssm.kernels.mamba2.config import LaunchConfig
 
     Bt, L = len(cursors), 3
     cfg = LaunchConfig(block_p=BLOCK_P, heads_per_program=HC, block_n=16, flush_block_n=16, num_warps=4,
-                       flush_fma=fma, specialize=specialize, flush_first=True)
-    assert _flush_first_block(cfg, Bt) == 8
+                       flush_fma=fma, specialize=specialize, flush_first=not split, split_routes=split)
+    assert _flush_first_block(cfg, Bt, route=2 if split else 0) == 8
     arrivals = torch.zeros(Bt + 1, dtype=torch.int32, device=DEV)
     arrivals[Bt] = 5
     seen = []
@@ -168,12 +170,12 @@ def test_replay_flush_first_order(cursors, BLOCK_P, HC, specialize, fma):
     assert seen and all(row == [0] * Bt + [5] for row in seen), seen
 
 
-def _flush_first_block(cfg, n_rows):
+def _flush_first_block(cfg, n_rows, route=0):
     """The launch's FLUSH_FIRST_BB: 0 for row order, else a power of two >= the batch."""
     from replayssm.kernels.mamba2.launch import replay_flags
 
     return replay_flags(cfg, 16, 3, n_rows, has_dt_bias=True, has_D=True, has_z=True, dt_softplus=True,
-                        zero_idle=False, lowp=False).FLUSH_FIRST_BB.value
+                        zero_idle=False, lowp=False, route=route).FLUSH_FIRST_BB.value
 
 
 def test_default_order_runs_flush_rows_first_from_batch_32():
@@ -433,3 +435,23 @@ def test_8bit_checkpoint_launch_rules():
                               (torch.bfloat16, torch.bfloat16, True)):
         assert uses_lowp_dot(state, ring, ring) is lowp, (state, ring)
     assert not uses_lowp_dot(torch.int8, torch.bfloat16, torch.float16)
+    # e4m3 checkpoints from batch 256 in two launches (output-only rows, then the flushing rows')
+    assert default_config(256, 128, 64, 128, 8, 16, 1, 2, 132, True).split_routes
+    assert not default_config(128, 128, 64, 128, 8, 16, 1, 2, 132, True).split_routes
+    assert not default_config(256, 128, 64, 128, 8, 16, 1, 2, 132).split_routes  # int8
+
+
+def test_split_routes_compile_each_route_alone():
+    """The output-only launch of split routes runs in row order with no cursor advance (ROUTE 1), the
+    flush launch in the flush-first order without early loads (ROUTE 2); above one block of cursors
+    the routes stay in one launch."""
+    from replayssm.kernels.mamba2.config import LaunchConfig
+    from replayssm.kernels.mamba2.launch import replay_flags, split_routes
+    from replayssm.kernels.persistent import FLUSH_ROWS
+
+    cfg = LaunchConfig(block_p=16, heads_per_program=1, block_n=16, flush_block_n=16, num_warps=1,
+                       flush_first=True, split_routes=True)
+    flags = [replay_flags(cfg, 16, 4, 64, has_dt_bias=True, has_D=True, has_z=False, dt_softplus=True,
+                          zero_idle=True, lowp=False, route=r) for r in (1, 2)]
+    assert [(f.ROUTE.value, f.FLUSH_FIRST_BB.value, f.EARLY.value) for f in flags] == [(1, 0, True), (2, 64, False)]
+    assert split_routes(cfg, FLUSH_ROWS) and not split_routes(cfg, FLUSH_ROWS + 1)

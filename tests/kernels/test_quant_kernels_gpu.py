@@ -39,6 +39,23 @@ def test_8bit_checkpoint_beside_bf16_rings(family, dtype):
     assert off < 1e-3, f"{off:.2e} of the stored values are more than one quantum from the reference's"
 
 
+@pytest.mark.parametrize("dtype,sr", [(torch.int8, True), (torch.float8_e4m3fn, False), (torch.bfloat16, True)])
+def test_mamba2_split_routes_match_reference(dtype, sr, monkeypatch):
+    """Mamba-2's two-launch replay step (``LaunchConfig.split_routes``, the e4m3 default from batch
+    256) with rows at staggered cursors, every checkpoint format: the reference's outputs and stored
+    values, and its counters."""
+    import dataclasses
+
+    from replayssm.kernels.mamba2 import launch
+
+    default = launch.default_config
+    monkeypatch.setattr(launch, "default_config", lambda *a: dataclasses.replace(default(*a), split_routes=True))
+    y_err, off, same_rng = compare("mamba2", dtype, sr, 64, steps=20, device="cuda", L=16, shape=SHAPES["mamba2"])
+    assert y_err < 1e-3, y_err
+    assert off < 1e-4, f"{off:.2e} of the stored values are more than one quantum from the reference's"
+    assert same_rng
+
+
 @pytest.mark.parametrize("family", ["mamba2", "gdn"])
 def test_stochastic_flush_in_a_cuda_graph_draws_anew(family):
     from replayssm.kernels import quant as Q
