@@ -389,6 +389,7 @@ def _advance_all_if_last(arrived, cur_all, offs_r, n_rows, t, io, lay):
 
 @triton.jit
 def _flush_route(b, h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k):
+    """State-and-output route of a flushing row's program (rank-1 fp32 or ``tl.dot`` window update)."""
     if k.FLUSH_FMA:
         _flush_heads_fma(b, h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k)
     else:
@@ -397,6 +398,7 @@ def _flush_route(b, h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k):
 
 @triton.jit
 def _output_route(b, h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k):
+    """Output-only route of a row's program: the window products once, then its heads."""
     bc = _output_window_products(rows, e, t, io, lay, k)
     if k.EARLY:
         if k.BLOCK_N >= lay.N:  # (a runtime test in replay_kernel_dyn; true whenever EARLY)
