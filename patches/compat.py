@@ -117,7 +117,7 @@ def attention_crop(layer_class: type):
     for cls in layer_class.__mro__:
         if "crop" in cls.__dict__ and not (linear is not None and issubclass(cls, linear)):
             return cls.__dict__["crop"]
-    if issubclass(layer_class, cache_utils.StaticLayer) and not issubclass(layer_class, _special_static_layers()):
+    if _full_attention_static(layer_class):
         return static_layer_crop
     return None
 
@@ -134,18 +134,17 @@ def static_layer_crop(layer, tokens_to_remove: int) -> None:
 def lacks_static_crop(layer) -> bool:
     """A full-attention static cache layer whose class cannot crop (transformers before 5.18); not a
     sliding-window or indexed one, whose crop would have more to restore."""
+    return _full_attention_static(type(layer)) and not callable(getattr(type(layer), "crop", None))
+
+
+@functools.lru_cache(maxsize=64)
+def _full_attention_static(layer_class: type) -> bool:
+    """A static cache-layer class that is neither sliding-window nor indexed."""
     from transformers import cache_utils
 
-    return (isinstance(layer, cache_utils.StaticLayer) and not isinstance(layer, _special_static_layers())
-            and not callable(getattr(type(layer), "crop", None)))
-
-
-@functools.lru_cache(maxsize=1)
-def _special_static_layers() -> tuple[type, ...]:
-    from transformers import cache_utils
-
-    return tuple(c for c in (getattr(cache_utils, "StaticSlidingWindowLayer", None),
-                             getattr(cache_utils, "StaticIndexedLayer", None)) if c is not None)
+    special = tuple(c for c in (getattr(cache_utils, "StaticSlidingWindowLayer", None),
+                                getattr(cache_utils, "StaticIndexedLayer", None)) if c is not None)
+    return issubclass(layer_class, cache_utils.StaticLayer) and not issubclass(layer_class, special)
 
 
 def conv_window_of_prefill(layer, width: int, keep: torch.Tensor | None = None) -> None:
