@@ -40,7 +40,8 @@ class LaunchConfig:
         ``bf16x3`` (``replayssm.kernels.split_dot``); None: ``tf32x3`` (``ieee`` under the interpreter).
     split_routes: two launches of the same grid, the output-only rows' (compiled without the flush
         route, so with fewer registers) and then the flushing rows' in the flush-first order, which
-        moves every row's cursor on (batches up to ``persistent.FLUSH_ROWS``; one launch above).
+        moves every row's cursor on (batches up to ``persistent.FLUSH_ROWS``; one launch above). The
+        output-only launch reads a one-tile int8 checkpoint as int32 words of four codes.
     """
 
     block_p: int
@@ -110,9 +111,10 @@ def default_config(Bt: int, H: int, P: int, N: int, G: int, L: int, state_bytes:
             block_nf = block_n  # one flush tile: the first head flushes from the early loads
     # from batch 32 the flushing rows' programs first (staggered cursors no longer wait for them)
     flush_first = Bt >= 32
-    # e4m3 checkpoints from batch 256: the routes in two launches (the one-launch program's e4m3 flush
-    # spills heavily; at smaller batches the flushing rows' launch of staggered cursors runs alone)
-    split = fp8 and Bt >= 256
+    # 8-bit checkpoints in two launches from batch 256 (e4m3) / 128 (int8): the one-launch program's
+    # e4m3 flush spills heavily, and int8's output-only launch reads its codes as words; at smaller
+    # batches the flushing rows' launch of staggered cursors runs alone
+    split = state_bytes == 1 and Bt >= (256 if fp8 else 128)
     hc = program_split(LaunchConfig(block_p, hc, block_n, block_nf, warps, flush_fma), H, P, G)[0]
     return LaunchConfig(block_p, hc, block_n, block_nf, warps, flush_fma=flush_fma, specialize=specialize,
                         flush_first=flush_first, split_routes=split)

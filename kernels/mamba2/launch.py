@@ -74,11 +74,24 @@ def split_routes(cfg: LaunchConfig, n_rows: int) -> bool:
     return cfg.split_routes and n_rows <= FLUSH_ROWS
 
 
+def state_words(state: torch.Tensor, cfg: LaunchConfig) -> torch.Tensor | None:
+    """An int8 checkpoint viewed as int32 words of 4 codes along N, for the one-tile output-only launch
+    of split routes (``Flags.WORDS``); None where the checkpoint is not int8, the launch does not read
+    one tile, or N or a stride is not a multiple of 4 (the launch then reads bytes)."""
+    if state.dtype != torch.int8 or cfg.block_n < state.shape[3]:
+        return None
+    try:
+        return state.view(torch.int32)
+    except RuntimeError:
+        return None
+
+
 def replay_flags(cfg: LaunchConfig, N: int, L: int, n_rows: int, *, has_dt_bias: bool, has_D: bool, has_z: bool,
                  dt_softplus: bool, zero_idle: bool, lowp: bool, fmt: int = 0, sr: bool = False,
-                 route: int = 0) -> Flags:
+                 route: int = 0, words: bool = False) -> Flags:
     """The compile-time switches of a replay launch of ``cfg`` over ``n_rows`` rows; ``route``: 0 one
-    launch, 1 / 2 the output-only / flush launch of ``split_routes``."""
+    launch, 1 / 2 the output-only / flush launch of ``split_routes``; ``words``: the launch has the
+    checkpoint's int32 view (``state_words``), which the output-only launch reads."""
     # one state tile: the first head's loads go out before the cursor (not in a flush launch, whose
     # other rows' programs only arrive)
     early = cfg.block_n >= N and route != 2
@@ -90,7 +103,7 @@ def replay_flags(cfg: LaunchConfig, N: int, L: int, n_rows: int, *, has_dt_bias:
         FLUSH_FMA=cfg.flush_fma, EARLY=early,
         FLUSH_FROM_EARLY=early and cfg.flush_block_n == cfg.block_n, FLUSH_FIRST_BB=flush_first_bb,
         BLOCK_P=cfg.block_p, BLOCK_N=cfg.block_n, BLOCK_NF=cfg.flush_block_n, BLOCK_L=max(16, pow2(L)), FMT=fmt,
-        SR=bool(sr), ROUTE=route))
+        SR=bool(sr), ROUTE=route, WORDS=early and words and route == 1))
 
 
 def quant_config(cfg: LaunchConfig, N: int, scaled: bool, given: bool) -> LaunchConfig:
@@ -129,9 +142,12 @@ def launch_replay(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, 
         advance_flush_counters(state_rng, cursor, L)  # before the launch reads them
     HC, n_hc, n_pb = program_split(cfg, H, P, G)
     cnt = arrivals if arrivals is not None else _arrival_counter(x.device, Bt)
+    split = split_routes(cfg, Bt)
+    words = state_words(state, cfg) if split else None
     t = Tensors(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias if dt_bias is not None else x,
                 D if D is not None else x, z if z is not None else x, out, cnt,
-                state_scale if state_scale is not None else x, state_rng if state_rng is not None else cursor)
+                state_scale if state_scale is not None else x, state_rng if state_rng is not None else cursor,
+                words if words is not None else cursor)
     io = IoStrides(*x.stride(), *dt.stride(), *B.stride(), *C.stride(), cursor.stride(0), A.stride(0),
                    dt_bias.stride(0) if dt_bias is not None else 0, D.stride(0) if D is not None else 0,
                    *(z.stride() if z is not None else (0, 0, 0)), *out.stride(),
@@ -143,11 +159,12 @@ def launch_replay(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, 
         kernel, lay = replay_kernel, compiled_in(lay)
     else:
         kernel = replay_kernel_dyn
-    for route in (1, 2) if split_routes(cfg, Bt) else (0,):
+    for route in (1, 2) if split else (0,):
         flags = replay_flags(cfg, N, L, Bt, has_dt_bias=dt_bias is not None, has_D=D is not None,
                              has_z=z is not None, dt_softplus=dt_softplus, zero_idle=zero_idle,
                              lowp=uses_lowp_dot(state.dtype, x_buf.dtype, B_buf.dtype),
-                             fmt=state_format(state.dtype), sr=state_rng is not None, route=route)
+                             fmt=state_format(state.dtype), sr=state_rng is not None, route=route,
+                             words=words is not None)
         kernel[(Bt * G * n_hc * n_pb,)](t, io, lay, flags, num_warps=cfg.num_warps, num_stages=1)
 
 

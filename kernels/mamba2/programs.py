@@ -22,7 +22,8 @@ from ..split_dot import dot_f32
 from .heads import head_constants, head_scale, process_dt, store_state_tile, window_weights
 
 #: the tensors of a replay launch (optional ones replaced by ``x``, with zero strides)
-Tensors = namedtuple("Tensors", "x dt B C state x_buf dt_buf B_buf cursor A dt_bias D z out arrivals scale rng")
+Tensors = namedtuple("Tensors", "x dt B C state x_buf dt_buf B_buf cursor A dt_bias D z out arrivals scale rng "
+                                "words")
 #: strides of the per-step inputs and output: always runtime arguments
 IoStrides = namedtuple("IoStrides", "x_b x_h x_p dt_b dt_h B_b B_g B_n C_b C_g C_n cur A dt_bias D z_b z_h z_p "
                                     "out_b out_h out_p sc_b sc_h sc_p rng_b")
@@ -34,8 +35,10 @@ Layout = namedtuple("Layout", "P N L G HPG HC n_hc n_pb s_b s_h s_p s_n xb_b xb_
 #: (``quant_triton``: >= 3 scaled, one scale per head-dim lane over N), SR: stochastic rounding
 #: ROUTE: 0 both routes; 1 the output-only rows alone (no flush code, no cursor advance); 2 the flushing
 #: rows alone, with the launch-wide cursor advance of every row (after a ROUTE 1 launch)
+#: WORDS (ROUTE 1, one tile): an int8 checkpoint read as int32 words of 4 codes (``Tensors.words``: its
+#: int32 view), decoded by shifts and masks: a quarter of the loads and fewer instructions a code
 Flags = namedtuple("Flags", "HAS_DT_BIAS HAS_D HAS_Z DT_SOFTPLUS ZERO_IDLE DOT_LOWP DOT_PREC FLUSH_FMA EARLY "
-                            "FLUSH_FROM_EARLY FLUSH_FIRST_BB BLOCK_P BLOCK_N BLOCK_NF BLOCK_L FMT SR ROUTE")
+                            "FLUSH_FROM_EARLY FLUSH_FIRST_BB BLOCK_P BLOCK_N BLOCK_NF BLOCK_L FMT SR ROUTE WORDS")
 
 
 @triton.jit
@@ -65,6 +68,34 @@ def _program_row(t, io, lay, k):
 
 
 @triton.jit
+def _load_words(b, h, offs_p, mask_p, t, lay, k):
+    """Head ``h``'s int8 checkpoint lanes as int32 words (BLOCK_P, BLOCK_N // 4): word m holds the codes
+    of columns 4m .. 4m + 3, the first in its low byte."""
+    offs_w = tl.arange(0, k.BLOCK_N // 4)
+    return tl.load(t.words + b * (lay.s_b // 4) + h * (lay.s_h // 4) + offs_p[:, None] * (lay.s_p // 4)
+                   + offs_w[None, :], mask=mask_p[:, None] & (offs_w < lay.N // 4)[None, :], other=0)
+
+
+@triton.jit
+def _word_code(u, SHIFT: tl.constexpr):
+    """fp32 values of the codes at bit ``SHIFT`` of words ``u`` whose code bytes were xor-ed with 0x80:
+    the byte in the mantissa of 2^23, minus 2^23 + 128 (``quant_triton.codes_to_f32``)."""
+    return (((u >> SHIFT) & 0xFF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0
+
+
+@triton.jit
+def _words_dot(wt, c0, c1, c2, c3):
+    """(BLOCK_P,) sums ``S0 . C`` of int8 words ``wt`` (BLOCK_P, BLOCK_N // 4) against C split by column
+    mod 4 (``c0`` .. ``c3``, (BLOCK_N // 4,) fp32): one xor a word, a fused multiply-add a code."""
+    u = wt.to(tl.uint32, bitcast=True) ^ 0x80808080
+    acc = _word_code(u, 0) * c0[None, :]
+    acc += _word_code(u, 8) * c1[None, :]
+    acc += _word_code(u, 16) * c2[None, :]
+    acc += _word_code(u, 24) * c3[None, :]
+    return tl.sum(acc, 1)
+
+
+@triton.jit
 def _early_loads(b, g, h0, offs_p, mask_p, mask_s, t, io, lay, k):
     """Every load of the first head, its constants included, issued before the cursor is known
     (the compiler does not hoist loads above the branch on it). Window loads are bounded by L, not
@@ -73,8 +104,11 @@ def _early_loads(b, g, h0, offs_p, mask_p, mask_s, t, io, lay, k):
     mn0 = offs_n0 < lay.N
     offs_l0 = tl.arange(0, k.BLOCK_L)
     in_l = offs_l0 < lay.L
-    s_e = tl.load(t.state + b * lay.s_b + h0 * lay.s_h + offs_p[:, None] * lay.s_p + offs_n0[None, :] * lay.s_n,
-                  mask=mask_s[:, None] & mn0[None, :], other=0.0)
+    if k.WORDS:
+        s_e = _load_words(b, h0, offs_p, mask_s, t, lay, k)
+    else:
+        s_e = tl.load(t.state + b * lay.s_b + h0 * lay.s_h + offs_p[:, None] * lay.s_p + offs_n0[None, :] * lay.s_n,
+                      mask=mask_s[:, None] & mn0[None, :], other=0.0)
     cv_e = tl.load(t.C + b * io.C_b + g * io.C_g + offs_n0 * io.C_n, mask=mn0, other=0.0)
     bc_e = tl.load(t.B + b * io.B_b + g * io.B_g + offs_n0 * io.B_n, mask=mn0, other=0.0)
     bw_e = tl.load(t.B_buf + b * lay.Bb_b + g * lay.Bb_g + offs_l0[:, None] * lay.Bb_l + offs_n0[None, :] * lay.Bb_n,
@@ -311,6 +345,14 @@ def _output_heads_one_tile(b, h0, nh, pb, c, bc, offs_p, mask_p, rows, e, t, io,
     h = h0
     s_e, _, _, cv_e, xw_e, dtw_e, xc_e, dr_e, a_e, dtb_e, dco_e = e
     cv = cv_e.to(tl.float32)
+    if k.WORDS:  # C by column mod 4, beside the words
+        C_row = rows[6]
+        offs_w = tl.arange(0, k.BLOCK_N // 4)
+        mw = offs_w < lay.N // 4
+        c0 = tl.load(C_row + (4 * offs_w) * io.C_n, mask=mw, other=0.0).to(tl.float32)
+        c1 = tl.load(C_row + (4 * offs_w + 1) * io.C_n, mask=mw, other=0.0).to(tl.float32)
+        c2 = tl.load(C_row + (4 * offs_w + 2) * io.C_n, mask=mw, other=0.0).to(tl.float32)
+        c3 = tl.load(C_row + (4 * offs_w + 3) * io.C_n, mask=mw, other=0.0).to(tl.float32)
     s_t = s_e
     xw_t = tl.where(mx, xw_e, 0.0)
     dtw_t = tl.where(valid_l, dtw_e, 0.0)
@@ -324,14 +366,20 @@ def _output_heads_one_tile(b, h0, nh, pb, c, bc, offs_p, mask_p, rows, e, t, io,
         okp = (tl.zeros([k.BLOCK_P], dtype=tl.int32) + i + 1) < nh  # vector masks (the interpreter
         okl = (tl.zeros([k.BLOCK_L], dtype=tl.int32) + i + 1) < nh  # mis-types bool & 0-d bool)
         # next head's loads first, so they are in flight while this head computes
-        s_n = tl.load(st_row + hn * lay.s_h + s_rel, mask=m2 & okp[:, None], other=0.0)
+        if k.WORDS:
+            s_n = _load_words(b, hn, offs_p, mask_p & okp, t, lay, k)
+        else:
+            s_n = tl.load(st_row + hn * lay.s_h + s_rel, mask=m2 & okp[:, None], other=0.0)
         xw_n = tl.load(xb_row + hn * lay.xb_h + x_rel, mask=mx & okp[None, :], other=0.0)
         dtw_n = tl.load(db_row + hn * lay.db_h + offs_l * lay.db_l, mask=valid_l & okl, other=0.0)
         xc_n = tl.load(x_row + hn * io.x_h + offs_p * io.x_p, mask=mask_p & okp, other=0.0)
         dr_n = tl.load(dt_row + hn * io.dt_h, mask=ok, other=0.0)
         a_n, dtb_n, dco_n = head_constants(hn, ok, t, io, k)
 
-        acc = tl.sum(codes_to_f32(s_t, k.FMT) * cv[None, :], 1)  # S0 . C
+        if k.WORDS:
+            acc = _words_dot(s_t, c0, c1, c2, c3)
+        else:
+            acc = tl.sum(codes_to_f32(s_t, k.FMT) * cv[None, :], 1)  # S0 . C
         if k.FMT >= 3:
             acc = acc * head_scale(b, h, offs_p, mask_p, t, io, k)
         d = process_dt(dr_t, dtb_t, k)

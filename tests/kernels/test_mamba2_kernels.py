@@ -435,10 +435,13 @@ def test_8bit_checkpoint_launch_rules():
                               (torch.bfloat16, torch.bfloat16, True)):
         assert uses_lowp_dot(state, ring, ring) is lowp, (state, ring)
     assert not uses_lowp_dot(torch.int8, torch.bfloat16, torch.float16)
-    # e4m3 checkpoints from batch 256 in two launches (output-only rows, then the flushing rows')
+    # 8-bit checkpoints in two launches (output-only rows, then the flushing rows'): e4m3 from batch
+    # 256, int8 from 128; 16-bit and fp32 ones in one
     assert default_config(256, 128, 64, 128, 8, 16, 1, 2, 132, True).split_routes
     assert not default_config(128, 128, 64, 128, 8, 16, 1, 2, 132, True).split_routes
-    assert not default_config(256, 128, 64, 128, 8, 16, 1, 2, 132).split_routes  # int8
+    assert default_config(128, 128, 64, 128, 8, 16, 1, 2, 132).split_routes  # int8
+    assert not default_config(64, 128, 64, 128, 8, 16, 1, 2, 132).split_routes
+    assert not any(default_config(256, 128, 64, 128, 8, 16, b, 2, 132).split_routes for b in (2, 4))
 
 
 def test_split_routes_compile_each_route_alone():
@@ -454,4 +457,8 @@ def test_split_routes_compile_each_route_alone():
     flags = [replay_flags(cfg, 16, 4, 64, has_dt_bias=True, has_D=True, has_z=False, dt_softplus=True,
                           zero_idle=True, lowp=False, route=r) for r in (1, 2)]
     assert [(f.ROUTE.value, f.FLUSH_FIRST_BB.value, f.EARLY.value) for f in flags] == [(1, 0, True), (2, 64, False)]
+    # an int8 checkpoint's int32 view is read by the output-only launch alone
+    assert [replay_flags(cfg, 16, 4, 64, has_dt_bias=True, has_D=True, has_z=False, dt_softplus=True,
+                         zero_idle=True, lowp=False, fmt=3, route=r, words=True).WORDS.value
+            for r in (0, 1, 2)] == [False, True, False]
     assert split_routes(cfg, FLUSH_ROWS) and not split_routes(cfg, FLUSH_ROWS + 1)

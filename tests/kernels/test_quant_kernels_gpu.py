@@ -41,9 +41,10 @@ def test_8bit_checkpoint_beside_bf16_rings(family, dtype):
 
 @pytest.mark.parametrize("dtype,sr", [(torch.int8, True), (torch.float8_e4m3fn, False), (torch.bfloat16, True)])
 def test_mamba2_split_routes_match_reference(dtype, sr, monkeypatch):
-    """Mamba-2's two-launch replay step (``LaunchConfig.split_routes``, the e4m3 default from batch
-    256) with rows at staggered cursors, every checkpoint format: the reference's outputs and stored
-    values, and its counters."""
+    """Mamba-2's two-launch replay step (``LaunchConfig.split_routes``, the 8-bit default from batch
+    256 for e4m3, 128 for int8, whose codes the output-only launch reads as int32 words) with rows at
+    staggered cursors, every checkpoint format: the reference's outputs and stored values, and its
+    counters."""
     import dataclasses
 
     from replayssm.kernels.mamba2 import launch
