@@ -65,3 +65,19 @@ def test_rollback_kernels_compile_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", ROLLBACK], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_mamba2_8bit_split_launches_compile_for_sm90():
+    """The Mamba-2 replay step's default for 8-bit checkpoints at batch 256, split routes (the
+    output-only launch, which for int8 reads the codes as int32 words, then the flush launch): both
+    launches compiled to cubins through ``scripts/sm90_resources.py``."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    for dtype in ("int8", "float8_e4m3fn"):
+        proc = subprocess.run([sys.executable, str(root / "scripts" / "sm90_resources.py"), "--kernel", "replay",
+                               "--state-dtype", dtype, "--batch", "256"], capture_output=True, text=True,
+                              timeout=600, env=env, cwd=root)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "split_routes=True" in proc.stdout and proc.stdout.count("replay_kernel: REG:") == 2, proc.stdout
