@@ -246,3 +246,19 @@ def store_state(state: torch.Tensor, state_scale: torch.Tensor | None, state_rng
         state.copy_(torch.where(sel, q, state))
     if scale is not None:
         state_scale.copy_(torch.where(rows.view(B, *([1] * (scale.dim() - 1))), scale, state_scale))
+
+
+def commit_materialized(state: torch.Tensor, state_scale: torch.Tensor | None, state_rng: torch.Tensor | None,
+                        cursor: torch.Tensor, s: torch.Tensor, s0: torch.Tensor, dim: int) -> torch.Tensor:
+    """End of a reference materialize: rows with entries (``cursor > 0``) take the folded fp32 ``s``,
+    the others keep ``s0``; the result is written as the checkpoint (a plain one rounded whole, a
+    quantized or stochastic one only where entries were folded) and those rows' cursors reset to 0.
+    Returns the fp32 states (B, ...)."""
+    active = cursor > 0
+    s = torch.where(active.view(-1, *([1] * (s.dim() - 1))), s, s0)
+    if state_scale is None and state_rng is None:
+        state.copy_(s.to(state.dtype))
+    else:
+        store_state(state, state_scale, state_rng, s, active, dim)
+    cursor.copy_(torch.where(active, torch.zeros_like(cursor), cursor))
+    return s

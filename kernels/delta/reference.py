@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import torch
 
-from ..quant import check_quant_args, load_state, store_state
+from ..quant import check_quant_args, commit_materialized, load_state, store_state
 
 #: the state dimension the int8 / fp8 scales run over (S0 is (Bt, HV, K, V))
 SCALE_DIM = -2
@@ -260,14 +260,7 @@ def delta_replay_materialize_reference(
         tail = torch.zeros(Bt, HV, device=g_buf.device)
     s0 = load_state(state, state_scale, SCALE_DIM)
     s, _ = _decayed_history(s0, u_buf, k_buf, g_buf, n, tail)
-    has = cursor > 0
-    s = torch.where(has.view(Bt, 1, 1, 1), s, s0)
-    if state_scale is None and state_rng is None:
-        state.copy_(s.to(state.dtype))
-    else:
-        store_state(state, state_scale, state_rng, s, has, SCALE_DIM)
-    cursor.copy_(torch.where(cursor > 0, torch.zeros_like(cursor), cursor))
-    return s
+    return commit_materialized(state, state_scale, state_rng, cursor, s, s0, SCALE_DIM)
 
 
 def delta_step_decode_reference(

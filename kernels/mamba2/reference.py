@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..quant import check_quant_args, load_state, store_state
+from ..quant import check_quant_args, commit_materialized, load_state, store_state
 
 #: the state dimension the int8 / fp8 scales run over (S0 is (B, H, P, N))
 SCALE_DIM = -1
@@ -175,19 +175,11 @@ def mamba2_replay_materialize_reference(
     their checkpoint (a quantized one is rewritten only where entries were folded; the scales
     and random-number state as in ``mamba2_replay_decode_reference``).
     """
-    Bsz = state.shape[0]
     check_quant_args(state, state_scale, state_rng, SCALE_DIM)
-    active = cursor > 0
     c = (cursor.clamp(min=1) - 1).long()  # index of the last buffered entry
     s0 = load_state(state, state_scale, SCALE_DIM)
     s = _window_state(s0, x_buf, dt_buf, B_buf, c, A)
-    s = torch.where(active.view(Bsz, 1, 1, 1), s, s0)
-    if state_scale is None and state_rng is None:
-        state.copy_(s.to(state.dtype))
-    else:
-        store_state(state, state_scale, state_rng, s, active, SCALE_DIM)
-    cursor.copy_(torch.where(cursor > 0, torch.zeros_like(cursor), cursor))
-    return s
+    return commit_materialized(state, state_scale, state_rng, cursor, s, s0, SCALE_DIM)
 
 
 def mamba2_step_decode_reference(
