@@ -139,6 +139,20 @@ def codes_to_f32(q, FMT: tl.constexpr):
 
 
 @triton.jit
+def biased_words(w):
+    """int8 codes read four to an int32 word (``w``, the first code in the low byte), each byte xor
+    0x80 for ``word_code_to_f32``: one xor a word instead of one a code."""
+    return w.to(tl.uint32, bitcast=True) ^ 0x80808080
+
+
+@triton.jit
+def word_code_to_f32(u, SHIFT: tl.constexpr):
+    """fp32 values of the codes at bit ``SHIFT`` of ``biased_words`` ``u``, before their scales: the
+    byte in the mantissa of 2^23, minus 2^23 + 128 (as ``codes_to_f32``)."""
+    return (((u >> SHIFT) & 0xFF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0
+
+
+@triton.jit
 def tile_scale(s, AXIS: tl.constexpr, FMT: tl.constexpr):
     """(encode factors, stored scales) of an fp32 tile over AXIS: ``QMAX / amax`` (0 where amax is 0)
     and ``amax / QMAX``; for unscaled formats (1, 1)."""

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from ..persistent import flush_first_row
-from ..quant_triton import codes_to_f32
+from ..quant_triton import biased_words, codes_to_f32, word_code_to_f32
 from ..split_dot import dot_f32
 from .heads import head_constants, head_scale, process_dt, store_state_tile, window_weights
 
@@ -77,21 +77,14 @@ def _load_words(b, h, offs_p, mask_p, t, lay, k):
 
 
 @triton.jit
-def _word_code(u, SHIFT: tl.constexpr):
-    """fp32 values of the codes at bit ``SHIFT`` of words ``u`` whose code bytes were xor-ed with 0x80:
-    the byte in the mantissa of 2^23, minus 2^23 + 128 (``quant_triton.codes_to_f32``)."""
-    return (((u >> SHIFT) & 0xFF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0
-
-
-@triton.jit
 def _words_dot(wt, c0, c1, c2, c3):
     """(BLOCK_P,) sums ``S0 . C`` of int8 words ``wt`` (BLOCK_P, BLOCK_N // 4) against C split by column
     mod 4 (``c0`` .. ``c3``, (BLOCK_N // 4,) fp32): one xor a word, a fused multiply-add a code."""
-    u = wt.to(tl.uint32, bitcast=True) ^ 0x80808080
-    acc = _word_code(u, 0) * c0[None, :]
-    acc += _word_code(u, 8) * c1[None, :]
-    acc += _word_code(u, 16) * c2[None, :]
-    acc += _word_code(u, 24) * c3[None, :]
+    u = biased_words(wt)
+    acc = word_code_to_f32(u, 0) * c0[None, :]
+    acc += word_code_to_f32(u, 8) * c1[None, :]
+    acc += word_code_to_f32(u, 16) * c2[None, :]
+    acc += word_code_to_f32(u, 24) * c3[None, :]
     return tl.sum(acc, 1)
 
 
