@@ -59,7 +59,8 @@ def delta_replay_decode_triton(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cur
     if state_rng is not None:
         advance_flush_counters(state_rng, cursor, L)  # before the launches read them
     t = Tensors(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out,
-                state_scale if state_scale is not None else v, state_rng if state_rng is not None else cursor)
+                state_scale if state_scale is not None else v, state_rng if state_rng is not None else cursor,
+                state_words(state))
     io = _io_strides(q, k, v, g, beta, out, cursor.stride(0), state_scale, state_rng)
     qf = dict(FMT=state_format(state.dtype), SR=state_rng is not None)
     gb = (*g_buf.stride()[:3], g_buf.stride(3) if kda else 0)
@@ -69,6 +70,17 @@ def delta_replay_decode_triton(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cur
     else:
         _launch_three(t, io, lay, Bt, cfg, kda, bool(write_idle), qf)
     return out
+
+
+def state_words(state: torch.Tensor) -> torch.Tensor:
+    """An int8 checkpoint viewed as int32 words of 4 value columns (the output launch's WORDS), or
+    ``state`` itself where it is not int8 or V or a stride is not a multiple of 4."""
+    if state.dtype != torch.int8:
+        return state
+    try:
+        return state.view(torch.int32)
+    except RuntimeError:
+        return state
 
 
 def _launch_one(t, io, lay, Bt, cfg, kda, write_idle, qf):
@@ -117,6 +129,8 @@ def _launch_three(t, io, lay, Bt, cfg, kda, write_idle, qf):
     # flush-row programs exit before waiting for the coefficient launch, whose next cursors the flush reads)
     flush_pdl = not pdl and pdl_ok
     clay = compiled_in(lay)
+    # an int8 checkpoint in one key tile, read by the output launch as int32 words
+    words = t.words.dtype == torch.int32 and fused_flush and BK >= K
     BKC = max(16, min(cfg.coef_block_k, kp))
     if per_key:
         gdn_coef_kernel[(Bt * Hk,)](t, sc, io, clay, BK=BKC, NK=triton.cdiv(K, BKC), LP=LP,
@@ -128,7 +142,7 @@ def _launch_three(t, io, lay, Bt, cfg, kda, write_idle, qf):
     output_kernel[(Bt * HV * NV,)](t, sc, io, clay, NV, KDA=kda, BK=BK, NK=triton.cdiv(K, BK), BV=BV,
                                    LP=LP, WRITE_IDLE=write_idle, X_FROM_KEYS=x_from_keys, PDL=pdl,
                                    SKIP_FLUSH_ROWS=fused_flush, LAUNCH_DEPENDENTS=flush_pdl, num_warps=cfg.num_warps,
-                                   FMT=qf["FMT"],
+                                   FMT=qf["FMT"], WORDS=words,
                                    **({"launch_pdl": True} if pdl else {}))
     interp = triton_interpreter_on()
     exact_ring = t.u_buf if kda else t.k_buf  # the product operand that is not decay-weighted
@@ -160,7 +174,7 @@ def delta_step_decode_triton(q, k, v, g, beta, state, *, block_v: int | None = N
     BV = max(16, min(BV, triton.next_power_of_2(V)))
     NV = triton.cdiv(V, BV)
     # the state in the place of the rings and the cursor, which this kernel does not read
-    t = Tensors(q, k, v, g, beta, state, state, state, state, state, out, state, state)
+    t = Tensors(q, k, v, g, beta, state, state, state, state, state, out, state, state, state)
     io = _io_strides(q, k, v, g, beta, out, 0)
     lay = Layout(HV, HV // Hk, K, V, 1, *state.stride(), *(0,) * 12)
     step_kernel[(Bt * HV * NV,)](t, io, lay, NV, KDA=g.dim() == 3, BK=BK, BV=BV,

@@ -21,7 +21,7 @@ import triton.language as tl
 
 from ..cursor import advanced_cursor
 from ..persistent import flush_row_prefix, nth_flush_row
-from ..quant_triton import codes_to_f32
+from ..quant_triton import biased_words, codes_to_f32, word_code_to_f32
 from ..split_dot import bf16_parts
 from .gates import append_gate_sum, gdn_decay_window, previous_gate_sum
 from .tiles import column_scale, head_block, store_state_tile
@@ -31,9 +31,10 @@ try:  # grid dependency control (programmatic dependent launch), Triton >= 3.3
 except Exception:  # pragma: no cover - older Triton: dependent_launch_supported() is False
     gdc_launch_dependents = gdc_wait = None
 
-#: a step's tensors; ``Scratch``: the fp32 scratch of the coefficient launch (x, cw), the flush
+#: a step's tensors (``words``: an int8 checkpoint viewed as int32, for the output launch's WORDS);
+#: ``Scratch``: the fp32 scratch of the coefficient launch (x, cw), the flush
 #: rows' u_c (uf) and the advanced cursors (cn, int32)
-Tensors = namedtuple("Tensors", "q k v g beta state u_buf k_buf g_buf cursor out scale rng")
+Tensors = namedtuple("Tensors", "q k v g beta state u_buf k_buf g_buf cursor out scale rng words")
 Scratch = namedtuple("Scratch", "x cw uf cn")
 #: strides of the per-step inputs, the output and the cursor: always runtime arguments
 IoStrides = namedtuple("IoStrides", "q_b q_h q_k k_b k_h k_k v_b v_h v_v g_b g_h g_k beta_b beta_h out_b out_h out_v "
@@ -250,9 +251,26 @@ def _append_entry(b, h, c, i_v, u, offs_v, mv, t, io, lay, KDA: tl.constexpr, BK
 
 
 @triton.jit
+def _word_sums(u, xk, xq):
+    """``S0^T xk`` and ``S0^T xq`` (BV,) from ``biased_words`` ``u`` (BK, BV // 4): each code plane
+    (columns 4m + j) reduced alone, the four results interleaved back into column order."""
+    c = word_code_to_f32(u, 0)
+    r0, h0 = tl.sum(c * xk[:, None], axis=0), tl.sum(c * xq[:, None], axis=0)
+    c = word_code_to_f32(u, 8)
+    r1, h1 = tl.sum(c * xk[:, None], axis=0), tl.sum(c * xq[:, None], axis=0)
+    c = word_code_to_f32(u, 16)
+    r2, h2 = tl.sum(c * xk[:, None], axis=0), tl.sum(c * xq[:, None], axis=0)
+    c = word_code_to_f32(u, 24)
+    r3, h3 = tl.sum(c * xk[:, None], axis=0), tl.sum(c * xq[:, None], axis=0)
+    return (tl.interleave(tl.interleave(r0, r2), tl.interleave(r1, r3)),
+            tl.interleave(tl.interleave(h0, h2), tl.interleave(h1, h3)))
+
+
+@triton.jit
 def output_kernel(t, sc, io, lay, NV: tl.constexpr, KDA: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr,
                   LP: tl.constexpr, WRITE_IDLE: tl.constexpr, X_FROM_KEYS: tl.constexpr, PDL: tl.constexpr,
-                  SKIP_FLUSH_ROWS: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr, FMT: tl.constexpr = 0):
+                  SKIP_FLUSH_ROWS: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr, FMT: tl.constexpr = 0,
+                  WORDS: tl.constexpr = False):
     """Output, one program per (row, value head, block of BV value columns): ``r = S0^T xk + sum_j
     ck_j u_j``, ``hq = S0^T xq + sum_j cq_j u_j``, ``o``, and the appends. The checkpoint tile and
     the inputs are loaded before the cursor is known (an idle row's are discarded); the u ring
@@ -261,7 +279,8 @@ def output_kernel(t, sc, io, lay, NV: tl.constexpr, KDA: tl.constexpr, BK: tl.co
     a flush row's u_c goes unrounded to the ``uf`` scratch. X_FROM_KEYS (Gated DeltaNet): k_c and q
     scaled by exp(G_c) here instead of read from the x scratch. PDL: a programmatic dependent of
     the coefficient launch (the scratch is read after ``gdc_wait``). LAUNCH_DEPENDENTS: let the
-    flush launch start now."""
+    flush launch start now. WORDS (an int8 checkpoint in one key tile): its codes read as int32 words of
+    four value columns (``t.words``), so the products reduce four column sets that are interleaved."""
     if LAUNCH_DEPENDENTS:
         gdc_launch_dependents()
     i_v, i_bh, b, h, _ = head_block(NV, lay)
@@ -281,8 +300,16 @@ def output_kernel(t, sc, io, lay, NV: tl.constexpr, KDA: tl.constexpr, BK: tl.co
         mvs = mv
         if SKIP_FLUSH_ROWS:
             mvs = mv & (offs_v * 0 + c != lay.L - 1)
-        s_first = tl.load(s_base + offs_k0[:, None] * lay.s_k + offs_v[None, :] * lay.s_v,
-                          mask=(offs_k0 < lay.K)[:, None] & mvs[None, :], other=0.0)
+        if WORDS:
+            offs_w = i_v * (BV // 4) + tl.arange(0, BV // 4)
+            mws = offs_w < lay.V // 4
+            if SKIP_FLUSH_ROWS:
+                mws = mws & (offs_w * 0 + c != lay.L - 1)
+            s_first = tl.load(t.words + b * (lay.s_b // 4) + h * (lay.s_h // 4) + offs_k0[:, None] * (lay.s_k // 4)
+                              + offs_w[None, :], mask=(offs_k0 < lay.K)[:, None] & mws[None, :], other=0)
+        else:
+            s_first = tl.load(s_base + offs_k0[:, None] * lay.s_k + offs_v[None, :] * lay.s_v,
+                              mask=(offs_k0 < lay.K)[:, None] & mvs[None, :], other=0.0)
     if FMT >= 3:  # int8 / fp8: the column scales, with the checkpoint tile (before the cursor's branches)
         colsc = column_scale(b, h, offs_v, mv, t, io, FMT)
     if SKIP_FLUSH_ROWS:
@@ -311,7 +338,9 @@ def output_kernel(t, sc, io, lay, NV: tl.constexpr, KDA: tl.constexpr, BK: tl.co
     for i_k in range(NK):
         offs_k = i_k * BK + tl.arange(0, BK)
         mk = offs_k < lay.K
-        if NK == 1:
+        if WORDS:
+            s0 = biased_words(s_first)
+        elif NK == 1:
             s0 = codes_to_f32(s_first, FMT)
         else:
             s0 = codes_to_f32(tl.load(s_base + offs_k[:, None] * lay.s_k + offs_v[None, :] * lay.s_v,
@@ -323,8 +352,13 @@ def output_kernel(t, sc, io, lay, NV: tl.constexpr, KDA: tl.constexpr, BK: tl.co
         else:
             xk = tl.load(x_base + offs_k, mask=mk, other=0.0)
             xq = tl.load(x_base + lay.K + offs_k, mask=mk, other=0.0)
-        r += tl.sum(s0 * xk[:, None], axis=0)
-        hq += tl.sum(s0 * xq[:, None], axis=0)
+        if WORDS:
+            dr, dh = _word_sums(s0, xk, xq)
+            r += dr
+            hq += dh
+        else:
+            r += tl.sum(s0 * xk[:, None], axis=0)
+            hq += tl.sum(s0 * xq[:, None], axis=0)
     if FMT >= 3:  # the column scales multiply the reduced checkpoint reads
         r = r * colsc
         hq = hq * colsc

@@ -50,7 +50,7 @@ def launch_verify(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, *, 
     NV = triton.cdiv(V, BV)
     TP = triton.next_power_of_2(T)
     arrive = cfg.arrive and cursor_word_counts_arrivals(cursor, L)
-    t = Tensors(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, v, cursor)
+    t = Tensors(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, v, cursor, cursor)
     io = _strides(q, k, v, g, beta, out, cursor)
     gb = (*g_buf.stride()[:3], g_buf.stride(3) if kda else 0)
     lay = compiled_in(Layout(HV, HV // Hk, K, V, L, *state.stride(), *u_buf.stride(), *k_buf.stride(), *gb))

@@ -116,3 +116,25 @@ def test_mamba2_split_routes_int8_words(N, words, sr, monkeypatch):
     assert y_err < 1e-4
     assert off == 0.0, "a stored value is more than one quantum from the reference's"
     assert same_rng
+
+
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+@pytest.mark.parametrize("V,words", [(16, True), (10, False)], ids=["int32-words", "bytes"])
+def test_delta_output_launch_int8_words(family, V, words, monkeypatch):
+    """The delta rule's output launch reads an int8 checkpoint as int32 words of four value columns
+    where V and the strides allow it, else as bytes; both follow the reference (outputs, stored
+    codes, counters)."""
+    from replayssm.kernels.delta import launch
+
+    seen, kernel = [], launch.output_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: seen.append(kw["WORDS"]) or kernel[grid](*a, **kw)
+
+    monkeypatch.setattr(launch, "output_kernel", Spy())
+    y_err, off, same_rng = compare(family, torch.int8, True, 6, steps=7, device=DEV, shape=(4, 2, 16, V))
+    assert seen and all(w is words for w in seen), seen
+    assert y_err < 1e-4
+    assert off == 0.0, "a stored value is more than one quantum from the reference's"
+    assert same_rng
