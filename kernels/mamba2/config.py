@@ -42,6 +42,7 @@ class LaunchConfig:
         route, so with fewer registers) and then the flushing rows' in the flush-first order, which
         moves every row's cursor on (batches up to ``persistent.FLUSH_ROWS``; one launch above). The
         output-only launch reads a one-tile int8 checkpoint as int32 words of four codes.
+    flush_warps: warps of the split's flush launch (None: ``num_warps``).
     """
 
     block_p: int
@@ -54,11 +55,14 @@ class LaunchConfig:
     flush_first: bool = False
     dot_precision: str | None = None
     split_routes: bool = False
+    flush_warps: int | None = None
 
     def __post_init__(self):
         for name in ("block_p", "block_n", "flush_block_n", "num_warps"):
             if not is_pow2(getattr(self, name)):
                 raise ValueError(f"LaunchConfig.{name} must be a power of two; got {getattr(self, name)!r}")
+        if self.flush_warps is not None and not is_pow2(self.flush_warps):
+            raise ValueError(f"LaunchConfig.flush_warps must be a power of two or None; got {self.flush_warps!r}")
         if self.heads_per_program < 1:
             raise ValueError(f"LaunchConfig.heads_per_program must be positive; got {self.heads_per_program!r}")
         if self.block_n < 16 or self.flush_block_n < 16:
@@ -115,9 +119,11 @@ def default_config(Bt: int, H: int, P: int, N: int, G: int, L: int, state_bytes:
     # e4m3 flush spills heavily, and int8's output-only launch reads its codes as words; at smaller
     # batches the flushing rows' launch of staggered cursors runs alone
     split = state_bytes == 1 and Bt >= (256 if fp8 else 128)
+    # the split's flush launch on 2 warps: on the output launch's 1 its 8-bit flush spills
+    flush_warps = 2 if split else None
     hc = program_split(LaunchConfig(block_p, hc, block_n, block_nf, warps, flush_fma), H, P, G)[0]
     return LaunchConfig(block_p, hc, block_n, block_nf, warps, flush_fma=flush_fma, specialize=specialize,
-                        flush_first=flush_first, split_routes=split)
+                        flush_first=flush_first, split_routes=split, flush_warps=flush_warps)
 
 
 @dataclass(frozen=True)

@@ -165,7 +165,8 @@ def launch_replay(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, 
                              lowp=uses_lowp_dot(state.dtype, x_buf.dtype, B_buf.dtype),
                              fmt=state_format(state.dtype), sr=state_rng is not None, route=route,
                              words=words is not None)
-        kernel[(Bt * G * n_hc * n_pb,)](t, io, lay, flags, num_warps=cfg.num_warps, num_stages=1)
+        warps = cfg.flush_warps if route == 2 and cfg.flush_warps else cfg.num_warps
+        kernel[(Bt * G * n_hc * n_pb,)](t, io, lay, flags, num_warps=warps, num_stages=1)
 
 
 def launch_step(x, dt, B, C, state, A, dt_bias, D, z, dt_softplus, out, config: StepConfig | None = None) -> None:

@@ -8,6 +8,8 @@ suite (many shapes, 16-bit dtypes, CUDA graphs, torch.compile) is
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch.testing import assert_close
@@ -442,6 +444,11 @@ def test_8bit_checkpoint_launch_rules():
     assert default_config(128, 128, 64, 128, 8, 16, 1, 2, 132).split_routes  # int8
     assert not default_config(64, 128, 64, 128, 8, 16, 1, 2, 132).split_routes
     assert not any(default_config(256, 128, 64, 128, 8, 16, b, 2, 132).split_routes for b in (2, 4))
+    # the split's flush launch on 2 warps (the output launch's 1 spills there); one launch: no override
+    assert default_config(128, 128, 64, 128, 8, 16, 1, 2, 132).flush_warps == 2
+    assert default_config(64, 128, 64, 128, 8, 16, 1, 2, 132).flush_warps is None
+    with pytest.raises(ValueError, match="flush_warps"):
+        dataclasses.replace(default_config(128, 128, 64, 128, 8, 16, 1, 2, 132), flush_warps=3)
 
 
 def test_split_routes_compile_each_route_alone():

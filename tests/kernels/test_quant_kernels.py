@@ -109,7 +109,8 @@ def test_mamba2_split_routes_int8_words(N, words, sr, monkeypatch):
     from replayssm.kernels.mamba2 import launch
 
     default, state_words, views = launch.default_config, launch.state_words, []
-    monkeypatch.setattr(launch, "default_config", lambda *a: dataclasses.replace(default(*a), split_routes=True))
+    monkeypatch.setattr(launch, "default_config",
+                        lambda *a: dataclasses.replace(default(*a), split_routes=True, flush_warps=2))
     monkeypatch.setattr(launch, "state_words", lambda *a: views.append(state_words(*a)) or views[-1])
     y_err, off, same_rng = compare("mamba2", torch.int8, sr, 6, steps=7, device=DEV, shape=(4, 16, N, 2))
     assert views and all((v is not None) is words for v in views)
