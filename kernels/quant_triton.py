@@ -24,6 +24,18 @@ def state_format(dtype: torch.dtype) -> int:
     return _FORMATS[dtype]
 
 
+def int8_words(state: torch.Tensor) -> torch.Tensor | None:
+    """An int8 checkpoint viewed as int32 words of four codes along its last dim (read with
+    ``biased_words`` / ``word_code_to_f32``); None where it is not int8 or its last dim or a stride is
+    not a multiple of 4 (the kernels then read bytes)."""
+    if state.dtype != torch.int8:
+        return None
+    try:
+        return state.view(torch.int32)
+    except RuntimeError:
+        return None
+
+
 #: whether a kernel's fp32 -> e4m3 cast rounds to nearest even (the GPU's packed conversion; not the
 #: interpreter's, which rounds ties away): where a caller asks for it (``CAST_E4M3``), nearest fp8
 #: rounding is then left to the store's cast

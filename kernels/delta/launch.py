@@ -13,7 +13,7 @@ from ..persistent import flush_row_chunks
 from .config import LaunchConfig, default_config
 from .programs import IoStrides, Layout, Scratch, Tensors, coef_kernel, flush_kernel, gdn_coef_kernel, output_kernel
 from ..quant import advance_flush_counters, check_quant_args, is_scaled
-from ..quant_triton import state_format
+from ..quant_triton import int8_words, state_format
 from ..split_dot import dot_precision
 from .reference import check_shapes
 from .small_batch import small_batch_kernel
@@ -58,9 +58,10 @@ def delta_replay_decode_triton(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cur
     cfg = config or default_config(Bt, K, V, state.dtype, kda)
     if state_rng is not None:
         advance_flush_counters(state_rng, cursor, L)  # before the launches read them
+    words = int8_words(state)  # for the output launch's WORDS: four value columns a word
     t = Tensors(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out,
                 state_scale if state_scale is not None else v, state_rng if state_rng is not None else cursor,
-                state_words(state))
+                words if words is not None else state)
     io = _io_strides(q, k, v, g, beta, out, cursor.stride(0), state_scale, state_rng)
     qf = dict(FMT=state_format(state.dtype), SR=state_rng is not None)
     gb = (*g_buf.stride()[:3], g_buf.stride(3) if kda else 0)
@@ -70,17 +71,6 @@ def delta_replay_decode_triton(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cur
     else:
         _launch_three(t, io, lay, Bt, cfg, kda, bool(write_idle), qf)
     return out
-
-
-def state_words(state: torch.Tensor) -> torch.Tensor:
-    """An int8 checkpoint viewed as int32 words of 4 value columns (the output launch's WORDS), or
-    ``state`` itself where it is not int8 or V or a stride is not a multiple of 4."""
-    if state.dtype != torch.int8:
-        return state
-    try:
-        return state.view(torch.int32)
-    except RuntimeError:
-        return state
 
 
 def _launch_one(t, io, lay, Bt, cfg, kda, write_idle, qf):

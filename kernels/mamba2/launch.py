@@ -11,7 +11,7 @@ import triton
 from ..backend import compiled_in, num_sms, pow2
 from ..persistent import FLUSH_ROWS
 from ..quant import advance_flush_counters, check_quant_args, is_scaled
-from ..quant_triton import state_format
+from ..quant_triton import int8_words, state_format
 from ..split_dot import dot_precision
 from .config import LaunchConfig, StepConfig, default_config, program_split, step_config
 from .programs import Flags, IoStrides, Layout, Tensors, replay_kernel, replay_kernel_dyn
@@ -78,12 +78,7 @@ def state_words(state: torch.Tensor, cfg: LaunchConfig) -> torch.Tensor | None:
     """An int8 checkpoint viewed as int32 words of 4 codes along N, for the one-tile output-only launch
     of split routes (``Flags.WORDS``); None where the checkpoint is not int8, the launch does not read
     one tile, or N or a stride is not a multiple of 4 (the launch then reads bytes)."""
-    if state.dtype != torch.int8 or cfg.block_n < state.shape[3]:
-        return None
-    try:
-        return state.view(torch.int32)
-    except RuntimeError:
-        return None
+    return int8_words(state) if cfg.block_n >= state.shape[3] else None
 
 
 def replay_flags(cfg: LaunchConfig, N: int, L: int, n_rows: int, *, has_dt_bias: bool, has_D: bool, has_z: bool,
