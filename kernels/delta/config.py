@@ -102,9 +102,9 @@ def default_config(Bt: int, K: int, V: int, state_dtype: torch.dtype, kda: bool)
     # wait for the cursor), and the flush runs 128-column items on 2 programs per SM with 4 warps
     gdn16 = not kda and not fp32
     # GDN with 8-bit checkpoints: 64-column output programs, and 32-column flush items on 8 programs
-    # per SM (the flush's absmax and rounding span whole key-dim columns)
+    # per SM (the flush's absmax and rounding span whole key-dim columns); KDA int8: 64 columns too
     gdn8 = gdn16 and state_dtype.itemsize == 1
-    if gdn8:
+    if gdn8 or (kda and state_dtype == torch.int8):
         block_v = 64
     return LaunchConfig(
         one_launch=False, block_v=block_v, num_warps=warps, block_k=bk,
