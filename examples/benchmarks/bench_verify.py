@@ -8,11 +8,13 @@ advance by T, flush-first windows included), ``verify+rollback`` (the verify, th
 back by T - 1 tokens, as a run at acceptance 1/T would), the ratios ``verify / step`` (issue target:
 <= 1.3 at T = 5, batch 1-64) and ``verify+rollback / (T x step)`` (target at batch 256, T = 4:
 <= 0.5). On a GPU both run the Triton kernels (``backend="triton"``;
-the Mamba-2 verify is one launch, ``kernels/mamba2/verify_launch.py``). Writes ``verify.json`` and
-``verify.md`` under ``--out``. ``--smoke``: tiny shapes on any device (the PyTorch references off
-the GPU).
+the Mamba-2 verify is one launch, ``kernels/mamba2/verify_launch.py``). ``--baseline-tree DIR``:
+also another checkout's ``kernels/`` verify (+ rollback) on the same data, and this one's time
+relative to it (``vs_baseline``; see bench_kernels.py). Writes ``verify.json`` and ``verify.md`` under
+``--out``. ``--smoke``: tiny shapes on any device (the PyTorch references off the GPU).
 
     python examples/benchmarks/bench_verify.py --batches 1,64,256 --T 4,5
+    python examples/benchmarks/bench_verify.py --baseline-tree /tmp/old/kernels
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from pathlib import Path
 import torch
 import triton
 
-from replayssm.kernels.delta import delta_replay_decode, delta_replay_verify
-from replayssm.kernels.mamba2 import mamba2_replay_decode, mamba2_replay_verify
+import replayssm.kernels.delta as delta_ops
+import replayssm.kernels.mamba2 as mamba2_ops
 from replayssm.kernels.speculation import rollback_cursor_reference
 
 SHAPES = {"nemotron3-nano": ("mamba2", (96, 80, 128, 8)), "nemotron3-super": ("mamba2", (128, 64, 128, 8)),
@@ -40,9 +42,11 @@ def _l2n(t):
     return t / torch.sqrt((t * t).sum(-1, keepdim=True) + 1e-6)
 
 
-def make_layer(family, shape, Bt, L, T, dev, act):
+def make_layer(family, shape, Bt, L, T, dev, act, ops=None):
     """(step(), verify(), verify_and_rollback()) closures over one layer's checkpoint (fp32), rings
-    and inputs."""
+    and inputs (the same for the same arguments); ``ops``: the family's kernels module (default: this
+    checkout's)."""
+    ops = ops or (mamba2_ops if family == "mamba2" else delta_ops)
     g = torch.Generator().manual_seed(0)
     backend = "triton" if dev.type == "cuda" else "auto"
     cursor = torch.zeros(Bt, dtype=torch.int32, device=dev)
@@ -57,8 +61,8 @@ def make_layer(family, shape, Bt, L, T, dev, act):
         one = [r(Bt, H, P).to(act), (r(Bt, H) - 2).to(act), r(Bt, G, N).to(act), r(Bt, G, N).to(act)]
         win = [r(Bt, T, H, P).to(act), (r(Bt, T, H) - 2).to(act), r(Bt, T, G, N).to(act), r(Bt, T, G, N).to(act)]
         one, win = [t.to(dev) for t in one], [t.to(dev) for t in win]
-        step = lambda: mamba2_replay_decode(*one, state, *rings, cursor, A, dtb, D, backend=backend)  # noqa: E731
-        verify = lambda: mamba2_replay_verify(*win, state, *rings, cursor, A, dtb, D, backend=backend)  # noqa: E731
+        step = lambda: ops.mamba2_replay_decode(*one, state, *rings, cursor, A, dtb, D, backend=backend)  # noqa: E731
+        verify = lambda: ops.mamba2_replay_verify(*win, state, *rings, cursor, A, dtb, D, backend=backend)  # noqa: E731
     else:
         Hk, HV, K, V, kda = shape
         state = r(Bt, HV, K, V).to(dev)
@@ -72,8 +76,8 @@ def make_layer(family, shape, Bt, L, T, dev, act):
             return q, k, r(*lead, HV, V).to(act).to(dev), gate, torch.sigmoid(r(*lead, HV)).to(dev)
 
         one, win = toks(Bt), toks(Bt, T)
-        step = lambda: delta_replay_decode(*one, state, *rings, cursor, backend=backend)  # noqa: E731
-        verify = lambda: delta_replay_verify(*win, state, *rings, cursor, backend=backend)  # noqa: E731
+        step = lambda: ops.delta_replay_decode(*one, state, *rings, cursor, backend=backend)  # noqa: E731
+        verify = lambda: ops.delta_replay_verify(*win, state, *rings, cursor, backend=backend)  # noqa: E731
 
     def verify_and_rollback():
         verify()
@@ -121,7 +125,17 @@ def main(argv=None) -> int:
     ap.add_argument("--L", type=int, default=16)
     ap.add_argument("--out", default="out/bench")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--baseline-tree", help="another checkout's kernels/ directory, timed beside this one")
     args = ap.parse_args(argv)
+    baseline = None
+    if args.baseline_tree:
+        if not (Path(args.baseline_tree) / "mamba2" / "__init__.py").is_file():
+            print(f"bench_verify.py: --baseline-tree: {args.baseline_tree!r} is not a kernels/ directory (no "
+                  "mamba2/__init__.py)", file=sys.stderr)
+            return 2
+        from baselines import load_baseline_tree
+
+        baseline = load_baseline_tree(args.baseline_tree)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shapes = SMOKE if args.smoke else SHAPES
     batches = [2] if args.smoke else [int(b) for b in args.batches.split(",")]
@@ -140,6 +154,11 @@ def main(argv=None) -> int:
                                  verify_us=round(verify_us, 2), verify_rollback_us=round(back_us, 2),
                                  verify_per_step=round(verify_us / step_us, 3),
                                  verify_rollback_per_T_steps=round(back_us / (T * step_us), 3)))
+                if baseline:
+                    *_, base_back = make_layer(family, shape, Bt, args.L, T, dev, torch.float32 if args.smoke else ACT,
+                                               ops=baseline[family])
+                    base_us = time_us(base_back, 2 if args.smoke else 32, dev)
+                    rows[-1].update(baseline_verify_rollback_us=round(base_us, 2), vs_baseline=round(back_us / base_us, 3))
                 print(json.dumps(rows[-1]), flush=True)
     meta = dict(date=datetime.date.today().isoformat(),
                 gpu=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (smoke run)",
@@ -148,13 +167,15 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "verify.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
+    extra = ("| baseline verify+rollback µs | vs baseline ", "---|---|") if baseline else ("", "")
     lines = [f"{meta['date']} · {meta['gpu']} · torch {meta['torch']} · triton {meta['triton']} · L = {args.L} · "
              f"`{meta['command']}`", "",
              "| shape | batch | T | step µs | T steps µs | verify µs | verify+rollback µs | verify / step | "
-             "verify+rollback / (T x step) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"verify+rollback / (T x step) {extra[0]}|",
+             f"|---|---|---|---|---|---|---|---|---|{extra[1]}"]
     lines += [f"| {r['shape']} | {r['batch']} | {r['T']} | {r['step_us']} | {r['T_steps_us']} | {r['verify_us']} | "
-              f"{r['verify_rollback_us']} | {r['verify_per_step']} | {r['verify_rollback_per_T_steps']} |" for r in rows]
+              f"{r['verify_rollback_us']} | {r['verify_per_step']} | {r['verify_rollback_per_T_steps']} |"
+              + (f" {r['baseline_verify_rollback_us']} | {r['vs_baseline']} |" if baseline else "") for r in rows]
     (out / "verify.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

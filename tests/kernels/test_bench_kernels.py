@@ -130,6 +130,26 @@ def test_verify_benchmark_smoke_run(tmp_path):
     assert "| smoke-gdn | 2 | 5 |" in (tmp_path / "verify.md").read_text()
 
 
+def test_verify_benchmark_beside_a_baseline_tree(tmp_path):
+    """bench_verify.py --baseline-tree: this checkout's own kernels/ as the baseline, timed on the same
+    data (a time and the ratio in every row, and two more columns); a directory that is not a
+    kernels/ tree is refused in one line."""
+    script = str(ROOT / "examples" / "benchmarks" / "bench_verify.py")
+    proc = subprocess.run([sys.executable, script, "--smoke", "--T", "4", "--baseline-tree", str(ROOT / "kernels"),
+                           "--out", str(tmp_path)], capture_output=True, text=True, env=ENV, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads((tmp_path / "verify.json").read_text())["rows"]
+    assert [r["shape"] for r in rows] == ["smoke-mamba2", "smoke-gdn"]
+    for r in rows:
+        assert r["baseline_verify_rollback_us"] > 0
+        assert abs(r["vs_baseline"] - r["verify_rollback_us"] / r["baseline_verify_rollback_us"]) < 1e-2
+    assert "| vs baseline |" in (tmp_path / "verify.md").read_text()
+    bad = subprocess.run([sys.executable, script, "--smoke", "--baseline-tree", str(tmp_path), "--out",
+                          str(tmp_path / "bad")], capture_output=True, text=True, env=ENV, timeout=300)
+    assert bad.returncode == 2 and "is not a kernels/ directory" in bad.stderr and "Traceback" not in bad.stderr
+    assert not (tmp_path / "bad").exists()
+
+
 def test_speculative_benchmark_smoke_run(tmp_path):
     """examples/benchmarks/bench_speculative.py --smoke: an oracle drafter at every acceptance rate and
     prompt lookup reproduce plain greedy decoding; acceptance 1 accepts every draft, 0 none."""
