@@ -31,6 +31,7 @@ import triton
 import replayssm.kernels.delta as delta_ops
 import replayssm.kernels.mamba2 as mamba2_ops
 from replayssm.kernels.speculation import rollback_cursor_reference
+from run_record import UsageError
 
 SHAPES = {"nemotron3-nano": ("mamba2", (96, 80, 128, 8)), "nemotron3-super": ("mamba2", (128, 64, 128, 8)),
           "qwen3.5-4b-gdn": ("delta", (16, 32, 128, 128, False)), "kimi-linear-kda": ("delta", (32, 32, 128, 128, True))}
@@ -118,7 +119,17 @@ def time_us(fn, calls: int, dev) -> float:
     return best
 
 
-def main(argv=None) -> int:
+def _ints(text: str, name: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise UsageError(f"{name} takes comma-separated integers; got {text!r}") from None
+    if not values or min(values) < 1:
+        raise UsageError(f"{name} takes positive integers; got {text!r}")
+    return values
+
+
+def _parse(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", default="1,64,256")
     ap.add_argument("--T", default="4,5", help="verify window lengths")
@@ -127,23 +138,36 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--baseline-tree", help="another checkout's kernels/ directory, timed beside this one")
     args = ap.parse_args(argv)
+    args.batches, args.T = _ints(args.batches, "--batches"), _ints(args.T, "--T")
+    if max(args.T) > args.L:
+        raise UsageError(f"--T values must be at most --L (a window fits the ring); got --T "
+                         f"{','.join(map(str, args.T))} and --L {args.L}")
+    if args.baseline_tree and not (Path(args.baseline_tree) / "mamba2" / "__init__.py").is_file():
+        raise UsageError(f"--baseline-tree: {args.baseline_tree!r} is not a kernels/ directory (no mamba2/__init__.py)")
+    if not torch.cuda.is_available() and not args.smoke:
+        raise UsageError("needs a CUDA device (--smoke runs tiny shapes anywhere)")
+    return args
+
+
+def main(argv=None) -> int:
+    try:
+        args = _parse(argv)
+    except UsageError as e:
+        print(f"bench_verify.py: {e}", file=sys.stderr)
+        return 2
     baseline = None
     if args.baseline_tree:
-        if not (Path(args.baseline_tree) / "mamba2" / "__init__.py").is_file():
-            print(f"bench_verify.py: --baseline-tree: {args.baseline_tree!r} is not a kernels/ directory (no "
-                  "mamba2/__init__.py)", file=sys.stderr)
-            return 2
         from baselines import load_baseline_tree
 
         baseline = load_baseline_tree(args.baseline_tree)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shapes = SMOKE if args.smoke else SHAPES
-    batches = [2] if args.smoke else [int(b) for b in args.batches.split(",")]
+    batches = [2] if args.smoke else args.batches
     rows = []
     for name, (family, shape) in shapes.items():
         for Bt in batches:
             step_us = None
-            for T in (int(t) for t in args.T.split(",")):
+            for T in args.T:
                 step, verify, verify_back = make_layer(family, shape, Bt, args.L, T, dev,
                                                        torch.float32 if args.smoke else ACT)
                 if step_us is None:
@@ -158,7 +182,8 @@ def main(argv=None) -> int:
                     *_, base_back = make_layer(family, shape, Bt, args.L, T, dev, torch.float32 if args.smoke else ACT,
                                                ops=baseline[family])
                     base_us = time_us(base_back, 2 if args.smoke else 32, dev)
-                    rows[-1].update(baseline_verify_rollback_us=round(base_us, 2), vs_baseline=round(back_us / base_us, 3))
+                    rows[-1].update(baseline_verify_rollback_us=round(base_us, 2),
+                                    vs_baseline=round(back_us / base_us, 3))
                 print(json.dumps(rows[-1]), flush=True)
     meta = dict(date=datetime.date.today().isoformat(),
                 gpu=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (smoke run)",

@@ -132,8 +132,8 @@ def test_verify_benchmark_smoke_run(tmp_path):
 
 def test_verify_benchmark_beside_a_baseline_tree(tmp_path):
     """bench_verify.py --baseline-tree: this checkout's own kernels/ as the baseline, timed on the same
-    data (a time and the ratio in every row, and two more columns); a directory that is not a
-    kernels/ tree is refused in one line."""
+    data (a time and the ratio in every row, and two more columns); bad input (a directory that is
+    not a kernels/ tree, malformed or too long windows) is refused in one line, before any output."""
     script = str(ROOT / "examples" / "benchmarks" / "bench_verify.py")
     proc = subprocess.run([sys.executable, script, "--smoke", "--T", "4", "--baseline-tree", str(ROOT / "kernels"),
                            "--out", str(tmp_path)], capture_output=True, text=True, env=ENV, timeout=600)
@@ -144,9 +144,14 @@ def test_verify_benchmark_beside_a_baseline_tree(tmp_path):
         assert r["baseline_verify_rollback_us"] > 0
         assert abs(r["vs_baseline"] - r["verify_rollback_us"] / r["baseline_verify_rollback_us"]) < 1e-2
     assert "| vs baseline |" in (tmp_path / "verify.md").read_text()
-    bad = subprocess.run([sys.executable, script, "--smoke", "--baseline-tree", str(tmp_path), "--out",
-                          str(tmp_path / "bad")], capture_output=True, text=True, env=ENV, timeout=300)
-    assert bad.returncode == 2 and "is not a kernels/ directory" in bad.stderr and "Traceback" not in bad.stderr
+    for args, message in ((["--baseline-tree", str(tmp_path)], "is not a kernels/ directory"),
+                          (["--batches", "x"], "--batches takes comma-separated integers"),
+                          (["--T", "0,4"], "--T takes positive integers"),
+                          (["--T", "9", "--L", "8"], "--T values must be at most --L")):
+        bad = subprocess.run([sys.executable, script, "--smoke", *args, "--out", str(tmp_path / "bad")],
+                             capture_output=True, text=True, env=ENV, timeout=300)
+        assert bad.returncode == 2 and message in bad.stderr and "Traceback" not in bad.stderr, (args, bad.stderr)
+        assert len(bad.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "bad").exists()
 
 
