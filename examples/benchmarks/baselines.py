@@ -1,6 +1,7 @@
-"""What ``bench_kernels.py`` times beside this checkout's kernels: another checkout's kernels, and the
-per-step kernels of mamba_ssm, flash-linear-attention and transformers (never dependencies of the
-package; each is used only where it loads, and reported as absent otherwise)."""
+"""What the kernel benchmarks (``bench_kernels.py``, ``bench_verify.py``) time beside this checkout's
+kernels: another checkout's kernels, and the per-step kernels of mamba_ssm, flash-linear-attention and
+transformers (never dependencies of the package; each is used only where it loads, and reported as
+absent otherwise)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,16 @@ import tempfile
 import types
 from pathlib import Path
 
+from run_record import UsageError
+
 ROOT = Path(__file__).resolve().parents[2]
 BASELINE = "replayssm_baseline_kernels"
+
+
+def check_baseline_tree(path: str) -> None:
+    """UsageError unless ``path`` is a ``kernels/`` directory (``--baseline-tree``)."""
+    if not (Path(path) / "mamba2" / "__init__.py").is_file():
+        raise UsageError(f"--baseline-tree: {path!r} is not a kernels/ directory (no mamba2/__init__.py)")
 
 
 def load_baseline_tree(path: str) -> dict:

@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from baselines import load_baseline_tree, load_fla, load_hf, load_mamba_ssm  # noqa: E402
+from baselines import check_baseline_tree, load_baseline_tree, load_fla, load_hf, load_mamba_ssm  # noqa: E402
 from run_record import UsageError, cuda_or_smoke, run_meta, write_run  # noqa: E402
 
 SHAPES = {  # mamba2: (H, P, N, G); delta: (Hk, HV, K, V, kda)
@@ -422,8 +422,8 @@ def parse(argv):
         if set(wanted) - known:
             raise UsageError(f"--shapes: unknown {sorted(set(wanted) - known)}; expected some of {sorted(known)}")
         args.cells = {f: {s: v for s, v in c.items() if s in wanted} for f, c in args.cells.items()}
-    if args.baseline_tree and not (Path(args.baseline_tree) / "mamba2" / "__init__.py").is_file():
-        raise UsageError(f"--baseline-tree: {args.baseline_tree!r} is not a kernels/ directory (no mamba2/__init__.py)")
+    if args.baseline_tree:
+        check_baseline_tree(args.baseline_tree)
     if args.smoke:  # the interpreter is slow: short cycles, small batches, one round
         args.L, args.reps, args.batches = min(args.L, 2), 1, [2]
     return args

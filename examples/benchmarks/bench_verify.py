@@ -30,6 +30,7 @@ import triton
 
 import replayssm.kernels.delta as delta_ops
 import replayssm.kernels.mamba2 as mamba2_ops
+from baselines import check_baseline_tree, load_baseline_tree
 from replayssm.kernels.speculation import rollback_cursor_reference
 from run_record import UsageError
 
@@ -142,8 +143,8 @@ def _parse(argv):
     if max(args.T) > args.L:
         raise UsageError(f"--T values must be at most --L (a window fits the ring); got --T "
                          f"{','.join(map(str, args.T))} and --L {args.L}")
-    if args.baseline_tree and not (Path(args.baseline_tree) / "mamba2" / "__init__.py").is_file():
-        raise UsageError(f"--baseline-tree: {args.baseline_tree!r} is not a kernels/ directory (no mamba2/__init__.py)")
+    if args.baseline_tree:
+        check_baseline_tree(args.baseline_tree)
     if not torch.cuda.is_available() and not args.smoke:
         raise UsageError("needs a CUDA device (--smoke runs tiny shapes anywhere)")
     return args
@@ -155,21 +156,17 @@ def main(argv=None) -> int:
     except UsageError as e:
         print(f"bench_verify.py: {e}", file=sys.stderr)
         return 2
-    baseline = None
-    if args.baseline_tree:
-        from baselines import load_baseline_tree
-
-        baseline = load_baseline_tree(args.baseline_tree)
+    baseline = load_baseline_tree(args.baseline_tree) if args.baseline_tree else None
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shapes = SMOKE if args.smoke else SHAPES
     batches = [2] if args.smoke else args.batches
+    act = torch.float32 if args.smoke else ACT
     rows = []
     for name, (family, shape) in shapes.items():
         for Bt in batches:
             step_us = None
             for T in args.T:
-                step, verify, verify_back = make_layer(family, shape, Bt, args.L, T, dev,
-                                                       torch.float32 if args.smoke else ACT)
+                step, verify, verify_back = make_layer(family, shape, Bt, args.L, T, dev, act)
                 if step_us is None:
                     step_us = time_us(step, 2 if args.smoke else args.L * 4, dev)
                 verify_us = time_us(verify, 2 if args.smoke else args.L * 4, dev)
@@ -179,8 +176,7 @@ def main(argv=None) -> int:
                                  verify_per_step=round(verify_us / step_us, 3),
                                  verify_rollback_per_T_steps=round(back_us / (T * step_us), 3)))
                 if baseline:
-                    *_, base_back = make_layer(family, shape, Bt, args.L, T, dev, torch.float32 if args.smoke else ACT,
-                                               ops=baseline[family])
+                    *_, base_back = make_layer(family, shape, Bt, args.L, T, dev, act, ops=baseline[family])
                     base_us = time_us(base_back, 2 if args.smoke else 32, dev)
                     rows[-1].update(baseline_verify_rollback_us=round(base_us, 2),
                                     vs_baseline=round(back_us / base_us, 3))

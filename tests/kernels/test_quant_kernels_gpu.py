@@ -43,9 +43,8 @@ def test_8bit_checkpoint_beside_bf16_rings(family, dtype):
 def test_mamba2_split_routes_match_reference(dtype, sr, monkeypatch):
     """Mamba-2's two-launch replay step (``LaunchConfig.split_routes``, the 8-bit default from batch
     256 for e4m3, 128 for int8, whose codes the output-only launch reads as int32 words; the flush
-    launch on 2 warps) with rows at
-    staggered cursors, every checkpoint format: the reference's outputs and stored values, and its
-    counters."""
+    launch on 2 warps) with rows at staggered cursors, every checkpoint format: the reference's
+    outputs and stored values, and its counters."""
     import dataclasses
 
     from replayssm.kernels.mamba2 import launch
