@@ -241,7 +241,11 @@ def rollback_cache(cache, n: int) -> frozenset:
 def _cache_crop(self, tokens_to_remove: int, *args, **kwargs):
     """A cache's ``crop`` (bound to the instance; a deep copy's is bound to the copy): ``crop(-n)``, n >= 0,
     rolls the SSM layers back in one launch where it can, then the class's ``crop``, whose per-layer crops
-    skip the SSM part of the layers rolled back."""
+    skip the SSM part of the layers rolled back. A count given as a 0-d integer tensor (transformers'
+    assisted loop computes it on the device) is read once here, not once a layer."""
+    if isinstance(tokens_to_remove, torch.Tensor) and tokens_to_remove.dim() == 0 and (
+            not tokens_to_remove.is_floating_point() and not tokens_to_remove.is_complex()):
+        tokens_to_remove = int(tokens_to_remove)
     done = rollback_cache(self, -tokens_to_remove) if isinstance(tokens_to_remove, int) and tokens_to_remove <= 0 \
         else frozenset()
     token = _ROLLED_BACK.set(done)

@@ -390,6 +390,37 @@ def test_a_cache_crop_rolls_every_layer_back_at_once_and_its_copies_their_own(mo
         replayssm.unpatch(model)
 
 
+def test_a_crop_count_given_as_a_device_tensor_is_read_once(monkeypatch):
+    """transformers 5.17's assisted loop crops by ``-(candidate_length - n_matches)``, a 0-d tensor:
+    the cache reads it once and rolls every SSM layer back in its one launch, with the same result
+    as an integer count; a count past the ring still goes through each layer's checks."""
+    import replayssm.kernels.rollback as rollback_kernels
+
+    model = tiny("nemotron_h")
+    replayssm.patch(model, buffer_len=8)
+    calls = []
+    monkeypatch.setattr(speculative, "resolve_backend", lambda backend, device: "triton")
+    monkeypatch.setattr(rollback_kernels, "layers_rollback_triton", lambda layers, n, table=None: (
+        calls.append((len(layers), n)), rollback_kernels.layers_rollback_reference(layers, n))[1])
+    try:
+        ids = torch.randint(3, 512, (1, 12), generator=torch.Generator().manual_seed(4))
+        cursors = []
+        for count in (2, torch.tensor(2)):
+            with torch.no_grad():
+                cache, key = _recording_prefill(model, ids)
+                model(input_ids=ids[:, 9:12], **{key: cache})
+            cache.crop(-count)
+            layers = [layer for layer in cache.layers if get_buffers(layer) is not None]
+            cursors.append([get_buffers(layer).cursor.clone() for layer in layers])
+            assert calls[-1] == (len(layers), 2) and type(calls[-1][1]) is int and speculative.settled(cache)
+        assert len(calls) == 2 and all(torch.equal(a, b) for a, b in zip(*cursors))
+        with pytest.raises(RollbackError, match="still in its ReplaySSM ring"):
+            cache.crop(-torch.tensor(12))
+        assert len(calls) == 2
+    finally:
+        replayssm.unpatch(model)
+
+
 def test_a_crop_within_the_last_window_reads_no_device_value(monkeypatch):
     """Rolling back tokens of the last window needs no check of the cursors (the flush-first rule keeps
     them in the ring): no tensor is read on the host. Past the window the check runs, and raises
