@@ -12,9 +12,11 @@ One model instance is switched between the variants with ``replayssm.patch`` / `
 * ``graphs-per-step``: ``patch(model, buffer_len=1, cuda_graphs=True)`` (buffer_len 1 runs the fused
   per-step kernels: the per-step baseline inside the same captured decode).
 
-Step time is the wall time of greedy ``generate()`` calls with every row running every step
-(``min_new_tokens`` = ``max_new_tokens``, so no row stops at an EOS): ``(t(N new) - t(n0 new)) /
-(N - n0)``, which removes prefill and the set-up of ``generate``. Each (variant, batch) first runs
+Step time is the wall time of greedy ``generate()`` calls with every row running every step:
+``(t(N new) - t(n0 new)) / (N - n0)``, which removes prefill and the set-up of ``generate``. No row
+stops early because the end-of-sequence id is one no token can take (the logits' width): the
+per-step EOS check still runs, as in a user's call, and no minimum-length processor does
+(``min_new_tokens`` would add two full-vocabulary passes over the fp32 logits a step). Each (variant, batch) first runs
 one warm-up of every length (kernel compiles, autotuning, graph capture), then ``repeats`` timed
 rounds; the median is reported. Prefill is the median time of ``generate`` with one new token.
 The settings and the checks of the options: ``bench_settings.py`` (re-exported here).
@@ -261,8 +263,15 @@ def _special_tokens(model) -> tuple[int | None, set[int]]:
     return pad, special
 
 
-def _timed_generate(model, ids, mask, new_tokens: int, pad: int, cuda: bool) -> float:
-    """Seconds of one greedy ``generate`` of exactly ``new_tokens`` tokens per row."""
+def unreachable_token(model, vocab: int) -> int:
+    """A token id past every logit column (the output embeddings may be wider than the vocabulary)."""
+    out = model.get_output_embeddings()
+    return max(vocab, int(out.weight.shape[0]) if out is not None else 0)
+
+
+def _timed_generate(model, ids, mask, new_tokens: int, pad: int, eos: int, cuda: bool) -> float:
+    """Seconds of one greedy ``generate`` of exactly ``new_tokens`` tokens per row (``eos``: an id no
+    token takes)."""
     import torch
 
     if cuda:
@@ -270,8 +279,7 @@ def _timed_generate(model, ids, mask, new_tokens: int, pad: int, cuda: bool) -> 
     t0 = time.perf_counter()
     with torch.inference_mode():
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
-                             min_new_tokens=new_tokens, do_sample=False, num_beams=1, use_cache=True,
-                             pad_token_id=pad)
+                             eos_token_id=eos, do_sample=False, num_beams=1, use_cache=True, pad_token_id=pad)
     if cuda:
         torch.cuda.synchronize(ids.device)
     elapsed = time.perf_counter() - t0
@@ -286,17 +294,18 @@ def _measure(model, row: BenchRow, settings: BenchSettings, vocab: int, pad: int
     cuda = device.type == "cuda"
     ids = _prompt(row.batch_size, settings, vocab, special, device)
     mask = torch.ones_like(ids)
+    eos = unreachable_token(model, vocab)
     n0, n = settings.first_tokens, settings.new_tokens
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     for length in (1, n0, n):  # warm-up: compiles, autotuning, graph capture
-        _timed_generate(model, ids, mask, length, pad, cuda)
+        _timed_generate(model, ids, mask, length, pad, eos, cuda)
     prefill, steps = [], []
     for _ in range(settings.repeats):
-        prefill.append(_timed_generate(model, ids, mask, 1, pad, cuda))
-        t_short = _timed_generate(model, ids, mask, n0, pad, cuda)
-        t_long = _timed_generate(model, ids, mask, n, pad, cuda)
+        prefill.append(_timed_generate(model, ids, mask, 1, pad, eos, cuda))
+        t_short = _timed_generate(model, ids, mask, n0, pad, eos, cuda)
+        t_long = _timed_generate(model, ids, mask, n, pad, eos, cuda)
         steps.append((t_long - t_short) / (n - n0) * 1e3)
     row.step_ms_samples = steps
     row.ms_per_step = statistics.median(steps)

@@ -20,6 +20,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import replayssm
+from replayssm.bench import unreachable_token
 from replayssm.presets import build_preset
 
 SYNCS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize")
@@ -28,8 +29,9 @@ SYNCS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize
 def _generate(model, ids, new: int) -> float:
     torch.cuda.synchronize()
     start = time.perf_counter()
-    model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new,
-                   min_new_tokens=new, pad_token_id=0)
+    eos = unreachable_token(model, model.config.get_text_config().vocab_size)  # every row runs every step
+    model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new, eos_token_id=eos,
+                   pad_token_id=0)
     torch.cuda.synchronize()
     return time.perf_counter() - start
 

@@ -9,6 +9,8 @@ import json
 import subprocess
 import sys
 
+import types
+
 import pytest
 import torch
 
@@ -219,14 +221,16 @@ def test_step_time_is_the_difference_of_two_lengths(monkeypatch):
     # extra seconds per call, per round (prefill, n0, N): the rounds differ, so the median matters
     extra = iter([0.0, 0.0, 0.0] + [0.004, 0.0, 0.001] + [0.0, 0.0, 0.0] + [0.010, 0.0, 0.032])
 
-    def fake(model, ids, mask, new_tokens, pad, cuda):
+    def fake(model, ids, mask, new_tokens, pad, eos, cuda):
+        assert eos == 100  # the vocabulary's width: no token takes it
         calls.append(new_tokens)
         return 0.100 + 0.002 * new_tokens + next(extra)
 
     monkeypatch.setattr(bench, "_timed_generate", fake)
     settings = bench.BenchSettings(batch_sizes=(4,), new_tokens=40, repeats=3, dtype="fp32", device="cpu")
     row = bench.BenchRow(4, "stock")
-    bench._measure(None, row, settings, vocab=100, pad=0, special={0}, device=torch.device("cpu"))
+    no_head = types.SimpleNamespace(get_output_embeddings=lambda: None)
+    bench._measure(no_head, row, settings, vocab=100, pad=0, special={0}, device=torch.device("cpu"))
     assert calls == [1, 8, 40] + [1, 8, 40] * 3
     assert row.step_ms_samples == pytest.approx([2.0 + 1 / 32, 2.0, 3.0])
     assert row.ms_per_step == pytest.approx(2.0 + 1 / 32)
@@ -234,8 +238,11 @@ def test_step_time_is_the_difference_of_two_lengths(monkeypatch):
     assert row.prefill_ms == pytest.approx(106.0)  # 0.102 s plus the noise of the middle round
 
 
-def test_generate_runs_every_step_even_when_the_row_emits_eos():
-    """min_new_tokens keeps a row whose greedy token is the EOS generating, so every call times N steps."""
+def test_generate_runs_every_step_even_when_the_row_emits_eos(monkeypatch):
+    """The timed calls end sequences at an id no token takes: a row whose greedy token is the model's EOS
+    keeps generating, and no minimum-length logits processor runs (it is not decode-step work)."""
+    import transformers.generation.logits_process as processors
+
     from replayssm import bench
     from replayssm.tiny import build_tiny_model
 
@@ -245,8 +252,16 @@ def test_generate_runs_every_step_even_when_the_row_emits_eos():
     first = model.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0)
     model.generation_config.eos_token_id = int(first[0, 6])  # the first token the row emits
     stopped = model.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0)
-    assert stopped.shape[1] == 7  # without min_new_tokens the row stops after one token
-    assert bench._timed_generate(model, ids, mask, 5, 0, False) > 0  # raises unless 5 new tokens came back
+    assert stopped.shape[1] == 7  # with the model's EOS the row stops after one token
+    eos = bench.unreachable_token(model, model.config.vocab_size)
+    assert eos >= model.get_output_embeddings().weight.shape[0]
+
+    def refuse(self, input_ids, scores):
+        raise AssertionError(f"{type(self).__name__} ran")
+
+    for name in ("MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor"):
+        monkeypatch.setattr(getattr(processors, name), "__call__", refuse)
+    assert bench._timed_generate(model, ids, mask, 5, 0, eos, False) > 0  # raises unless 5 new tokens came back
 
 
 def test_out_of_memory_becomes_a_row_and_the_model_is_given_back(monkeypatch):
