@@ -107,6 +107,7 @@ def sdpa_groups_decode_queries() -> bool:
     return hasattr(sdpa_attention, "pack_gqa")
 
 
+@functools.lru_cache(maxsize=64)
 def attention_crop(layer_class: type):
     """The ``crop`` of the attention part of a cache-layer class (the first class in its MRO that
     defines ``crop`` and is not a linear-attention layer; ``static_layer_crop`` for a full-attention
