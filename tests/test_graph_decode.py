@@ -351,6 +351,18 @@ def test_a_crop_settles_the_cache_and_a_window_unsettles_it():
         replayssm.unpatch(model)
 
 
+def _count_grouped_rollbacks(monkeypatch) -> list:
+    """The (layers, n) of every one-launch rollback from here on, run on the PyTorch path (the Triton one
+    forced, as on a GPU)."""
+    import replayssm.kernels.rollback as rollback_kernels
+
+    calls = []
+    monkeypatch.setattr(speculative, "resolve_backend", lambda backend, device: "triton")
+    monkeypatch.setattr(rollback_kernels, "layers_rollback_triton", lambda layers, n, table=None: (
+        calls.append((len(layers), n)), rollback_kernels.layers_rollback_reference(layers, n))[1])
+    return calls
+
+
 def test_a_cache_crop_rolls_every_layer_back_at_once_and_its_copies_their_own(monkeypatch):
     """The cache's ``crop(-n)`` of tokens of the last window rolls all SSM layers back in one call of
     ``layers_rollback`` (here on the PyTorch path: the Triton one is forced and counted), settling the
@@ -358,14 +370,9 @@ def test_a_cache_crop_rolls_every_layer_back_at_once_and_its_copies_their_own(mo
     the last window goes through each layer's checks."""
     import copy
 
-    import replayssm.kernels.rollback as rollback_kernels
-
     model = tiny("nemotron_h")
     replayssm.patch(model, buffer_len=8)
-    calls = []
-    monkeypatch.setattr(speculative, "resolve_backend", lambda backend, device: "triton")
-    monkeypatch.setattr(rollback_kernels, "layers_rollback_triton", lambda layers, n, table=None: (
-        calls.append((len(layers), n)), rollback_kernels.layers_rollback_reference(layers, n))[1])
+    calls = _count_grouped_rollbacks(monkeypatch)
     try:
         ids = torch.randint(3, 512, (1, 12), generator=torch.Generator().manual_seed(4))
         with torch.no_grad():
@@ -394,14 +401,9 @@ def test_a_crop_count_given_as_a_device_tensor_is_read_once(monkeypatch):
     """transformers 5.17's assisted loop crops by ``-(candidate_length - n_matches)``, a 0-d tensor:
     the cache reads it once and rolls every SSM layer back in its one launch, with the same result
     as an integer count; a count past the ring still goes through each layer's checks."""
-    import replayssm.kernels.rollback as rollback_kernels
-
     model = tiny("nemotron_h")
     replayssm.patch(model, buffer_len=8)
-    calls = []
-    monkeypatch.setattr(speculative, "resolve_backend", lambda backend, device: "triton")
-    monkeypatch.setattr(rollback_kernels, "layers_rollback_triton", lambda layers, n, table=None: (
-        calls.append((len(layers), n)), rollback_kernels.layers_rollback_reference(layers, n))[1])
+    calls = _count_grouped_rollbacks(monkeypatch)
     try:
         ids = torch.randint(3, 512, (1, 12), generator=torch.Generator().manual_seed(4))
         cursors = []
