@@ -16,9 +16,9 @@ Step time is the wall time of greedy ``generate()`` calls with every row running
 ``(t(N new) - t(n0 new)) / (N - n0)``, which removes prefill and the set-up of ``generate``. No row
 stops early because the end-of-sequence id is one no token can take (the logits' width): the
 per-step EOS check still runs, as in a user's call, and no minimum-length processor does
-(``min_new_tokens`` would add two full-vocabulary passes over the fp32 logits a step). Each (variant, batch) first runs
-one warm-up of every length (kernel compiles, autotuning, graph capture), then ``repeats`` timed
-rounds; the median is reported. Prefill is the median time of ``generate`` with one new token.
+(``min_new_tokens`` would add two full-vocabulary passes over the fp32 logits a step). Each
+(variant, batch) first runs one warm-up of every length (kernel compiles, autotuning, graph
+capture), then ``repeats`` timed rounds; the median is reported. Prefill is the median time of ``generate`` with one new token.
 The settings and the checks of the options: ``bench_settings.py`` (re-exported here).
 """
 
