@@ -18,8 +18,8 @@ stops early because the end-of-sequence id is one no token can take (the logits'
 per-step EOS check still runs, as in a user's call, and no minimum-length processor does
 (``min_new_tokens`` would add two full-vocabulary passes over the fp32 logits a step). Each
 (variant, batch) first runs one warm-up of every length (kernel compiles, autotuning, graph
-capture), then ``repeats`` timed rounds; the median is reported. Prefill is the median time of ``generate`` with one new token.
-The settings and the checks of the options: ``bench_settings.py`` (re-exported here).
+capture), then ``repeats`` timed rounds; the median is reported. Prefill is the median time of
+``generate`` with one new token. The settings and the checks of the options: ``bench_settings.py`` (re-exported here).
 """
 
 from __future__ import annotations
