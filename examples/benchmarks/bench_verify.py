@@ -161,6 +161,7 @@ def main(argv=None) -> int:
     shapes = SMOKE if args.smoke else SHAPES
     batches = [2] if args.smoke else args.batches
     act = torch.float32 if args.smoke else ACT
+    calls, back_calls = (2, 2) if args.smoke else (args.L * 4, 32)  # per timing: kernel calls, verify+rollbacks
     rows = []
     for name, (family, shape) in shapes.items():
         for Bt in batches:
@@ -168,16 +169,16 @@ def main(argv=None) -> int:
             for T in args.T:
                 step, verify, verify_back = make_layer(family, shape, Bt, args.L, T, dev, act)
                 if step_us is None:
-                    step_us = time_us(step, 2 if args.smoke else args.L * 4, dev)
-                verify_us = time_us(verify, 2 if args.smoke else args.L * 4, dev)
-                back_us = time_us(verify_back, 2 if args.smoke else 32, dev)
+                    step_us = time_us(step, calls, dev)
+                verify_us = time_us(verify, calls, dev)
+                back_us = time_us(verify_back, back_calls, dev)
                 rows.append(dict(shape=name, batch=Bt, T=T, step_us=round(step_us, 2), T_steps_us=round(T * step_us, 2),
                                  verify_us=round(verify_us, 2), verify_rollback_us=round(back_us, 2),
                                  verify_per_step=round(verify_us / step_us, 3),
                                  verify_rollback_per_T_steps=round(back_us / (T * step_us), 3)))
                 if baseline:
                     *_, base_back = make_layer(family, shape, Bt, args.L, T, dev, act, ops=baseline[family])
-                    base_us = time_us(base_back, 2 if args.smoke else 32, dev)
+                    base_us = time_us(base_back, back_calls, dev)
                     rows[-1].update(baseline_verify_rollback_us=round(base_us, 2),
                                     vs_baseline=round(back_us / base_us, 3))
                 print(json.dumps(rows[-1]), flush=True)

@@ -27,9 +27,9 @@ SYNCS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize
 
 
 def _generate(model, ids, new: int) -> float:
+    eos = unreachable_token(model, model.config.get_text_config().vocab_size)  # every row runs every step
     torch.cuda.synchronize()
     start = time.perf_counter()
-    eos = unreachable_token(model, model.config.get_text_config().vocab_size)  # every row runs every step
     model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new, eos_token_id=eos,
                    pad_token_id=0)
     torch.cuda.synchronize()

@@ -8,7 +8,6 @@ import importlib.util
 import json
 import subprocess
 import sys
-
 import types
 
 import pytest
