@@ -46,6 +46,7 @@ import triton
 import triton.language as tl
 
 from .backend import num_sms, resolve_backend
+from .dependent import dependent, launch_options, start_dependent
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEAD_DIM = 256
@@ -123,7 +124,8 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, lse_ptr, scale_log2, 
                    stride_ob, stride_oh, stride_os, stride_od, stride_lb, stride_lh, stride_ls,
                    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
                    HAS_MASK: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
-                   NUM_STAGES: tl.constexpr):
+                   NUM_STAGES: tl.constexpr, PDL: tl.constexpr):
+    start_dependent(PDL)
     # program (b, h, s): the G query heads of key/value head h of row b, against the tiles of split s
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -170,7 +172,8 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, lse_ptr, scale_log2, 
 @triton.jit
 def _combine_kernel(part_ptr, lse_ptr, out_ptr, S, DV, stride_pb, stride_ph, stride_ps, stride_pd,
                     stride_lb, stride_lh, stride_ls, stride_ob, stride_oh, stride_od,
-                    BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr):
+                    BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, PDL: tl.constexpr):
+    start_dependent(PDL)
     # program (b, head): out = sum_s w_s o_s / sum_s w_s, w_s = exp2(lse_s - max lse); empty splits weigh 0
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -208,6 +211,7 @@ def decode_attention_triton(query, key, value, mask, scale, *, launch: DecodeLau
         lse = None
         dest, dest_strides, lse_strides = out, (out.stride(0), out.stride(2), 0, out.stride(3)), (0, 0, 0)
     scale = Dk ** -0.5 if scale is None else float(scale)
+    pdl = dependent(query.device)
     _decode_kernel[(B, Hkv, splits)](
         query, key, value, m_arg, dest, lse if lse is not None else dest, scale * math.log2(math.e), C, G, Dk, Dv,
         tiles_per_split, query.stride(0), query.stride(1), query.stride(3), *key.stride(), *value.stride(),
@@ -215,11 +219,12 @@ def decode_attention_triton(query, key, value, mask, scale, *, launch: DecodeLau
         BLOCK_H=max(MIN_BLOCK_H, triton.next_power_of_2(G)), BLOCK_N=launch.block_n,
         BLOCK_DK=max(16, triton.next_power_of_2(Dk)), BLOCK_DV=max(16, triton.next_power_of_2(Dv)),
         HAS_MASK=mask is not None, SPLIT=splits > 1, PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        NUM_STAGES=launch.num_stages, num_warps=launch.num_warps)
+        NUM_STAGES=launch.num_stages, PDL=pdl, num_warps=launch.num_warps, **launch_options(pdl))
     if splits > 1:
         _combine_kernel[(B, Hq)](
             part, lse, out, splits, Dv, *part.stride(), *lse.stride(), out.stride(0), out.stride(2), out.stride(3),
-            BLOCK_S=triton.next_power_of_2(splits), BLOCK_DV=max(16, triton.next_power_of_2(Dv)), num_warps=4)
+            BLOCK_S=triton.next_power_of_2(splits), BLOCK_DV=max(16, triton.next_power_of_2(Dv)), PDL=pdl, num_warps=4,
+            **launch_options(pdl))
     return out
 
 

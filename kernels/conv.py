@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from .backend import resolve_backend
+from .dependent import dependent, launch_options, start_dependent
 
 ACTIVATIONS = (None, "silu", "swish")
 
@@ -57,7 +58,8 @@ def conv_step_tile(state_ptr, x_ptr, w_ptr, bias_ptr, row, cols, cmask, stride_s
 def _conv_update_kernel(state_ptr, x_ptr, w_ptr, bias_ptr, out_ptr, C,
                         stride_sb, stride_sc, stride_sk, stride_xb, stride_xc, stride_ob, stride_oc,
                         K: tl.constexpr, KP: tl.constexpr, BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr,
-                        SILU: tl.constexpr):
+                        SILU: tl.constexpr, PDL: tl.constexpr):
+    start_dependent(PDL)
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < C
@@ -72,11 +74,12 @@ def conv_update_triton(conv_state, x, weight, bias, activation):
     weight = weight.contiguous()
     out = torch.empty((batch, channels), dtype=x.dtype, device=x.device)
     block = min(256, triton.next_power_of_2(channels))
+    pdl = dependent(x.device)
     _conv_update_kernel[(batch, triton.cdiv(channels, block))](
         conv_state, x, weight, bias if bias is not None else weight, out, channels,
         *conv_state.stride(), *x.stride(), *out.stride(),
         K=width, KP=triton.next_power_of_2(width), BLOCK_C=block, HAS_BIAS=bias is not None,
-        SILU=activation in ("silu", "swish"), num_warps=4)
+        SILU=activation in ("silu", "swish"), PDL=pdl, num_warps=4, **launch_options(pdl))
     return out
 
 

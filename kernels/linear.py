@@ -22,7 +22,9 @@ and accumulates fp32 FMAs in a (rows, block_n, block_k) tile summed over K once 
 alone gives too few programs for the multiprocessors, K is split over ``split_k`` programs per
 column block, which write fp32 partial sums that a second launch adds in a fixed order (with the
 bias): the result is deterministic, unlike fp32 atomics. Every buffer has a size fixed by the
-shapes, and nothing reads the device from the host, so the call can be captured in a CUDA graph.
+shapes, and nothing reads the device from the host, so the call can be captured in a CUDA graph. On
+sm_90 the launch is a programmatic dependent of the one before (``kernels/dependent.py``): each program
+reads its first weight tile, then waits for that launch to complete before it reads x.
 
 ``LaunchConfig`` holds the knobs and ``default_config`` picks them from (N, K, M) and the element
 size, one rule a line. ``examples/benchmarks/bench_linear.py --sweep`` times candidates per shape.
@@ -43,6 +45,7 @@ import triton
 import triton.language as tl
 
 from .backend import is_pow2, num_sms, resolve_backend
+from .dependent import dependent, gdc_launch_dependents, gdc_wait, launch_options
 
 __all__ = ["ACTIVATIONS", "GROUP_MAX", "M_MAX", "LaunchConfig", "default_config", "linear_small_batch",
            "linear_small_batch_gated", "linear_small_batch_gated_reference", "linear_small_batch_gated_triton",
@@ -207,7 +210,7 @@ def _linear_small_batch_kernel(x, w0, w1, w2, w3, bias, out, partial, M, N, K, k
                                stride_w1, stride_w2, stride_w3, n1, n2, n3, stride_om, BLOCK_M: tl.constexpr,
                                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
                                NUM_WEIGHTS: tl.constexpr, ACTIVATION: tl.constexpr, EVEN_K: tl.constexpr,
-                               HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr):
+                               HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, PDL: tl.constexpr):
     """Columns [0, n1) of out from w0, [n1, n2) from w1, [n2, n3) from w2, [n3, N) from w3 (the first
     NUM_WEIGHTS; n_i the cumulative ends); with ACTIVATION (gated: NUM_WEIGHTS 1, no split) act(x @ w0.T) *
     (x @ w1.T) instead."""
@@ -238,6 +241,17 @@ def _linear_small_batch_kernel(x, w0, w1, w2, w3, bias, out, partial, M, N, K, k
     if ACTIVATION is not None:  # gated: the up weight's tile of the same columns, its own accumulator
         u_ptrs = w1 + w_rows[:, None] * stride_w1 + offs_k[None, :]
         acc_up = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    if PDL:  # the first weight tile streams in under the previous launch's tail; x only after it completes
+        w = _load_k_tile(w_ptrs, k_lo, offs_k, K, EVEN_K)
+        if ACTIVATION is not None:
+            u = _load_k_tile(u_ptrs, k_lo, offs_k, K, EVEN_K)
+        gdc_launch_dependents()
+        gdc_wait()
+        xk = _load_k_tile(x_ptrs, k_lo, offs_k, K, EVEN_K)
+        acc += xk[:, None, :] * w[None, :, :]
+        if ACTIVATION is not None:
+            acc_up += xk[:, None, :] * u[None, :, :]
+        k_lo += BLOCK_K
     for k in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
         w = _load_k_tile(w_ptrs, k, offs_k, K, EVEN_K)
         xk = _load_k_tile(x_ptrs, k, offs_k, K, EVEN_K)
@@ -304,6 +318,7 @@ def _launch(x: torch.Tensor, weights: Sequence[torch.Tensor], bias: torch.Tensor
     cfg, ends, blocks, splits, k_per_program, block_m = _launch_plan(
         widths, K, M, x.element_size(), num_sms(x.device.type, x.device.index), config, activation is not None)
     partial = torch.empty((splits, M, N), dtype=torch.float32, device=x.device) if splits > 1 else None
+    pdl = dependent(x.device)
     w = (*weights, None, None, None)  # unused pointers (and their strides, ends) are None: never read
     strides = (*(t.stride(0) for t in weights), None, None, None)
     n = (*ends, None, None)
@@ -312,7 +327,7 @@ def _launch(x: torch.Tensor, weights: Sequence[torch.Tensor], bias: torch.Tensor
         M=M, N=N, K=K, k_per_program=k_per_program, stride_xm=x2.stride(0), stride_w0=strides[0],
         stride_w1=strides[1], stride_w2=strides[2], stride_w3=strides[3], n1=n[0], n2=n[1], n3=n[2], stride_om=N,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NUM_STAGES=cfg.num_stages,
-        NUM_WEIGHTS=len(group), ACTIVATION=activation, num_warps=cfg.num_warps)
+        NUM_WEIGHTS=len(group), ACTIVATION=activation, PDL=pdl, num_warps=cfg.num_warps, **launch_options(pdl))
     if partial is not None:
         _split_sum_kernel[(_cdiv(N, _REDUCE_BLOCK), M)](
             partial=partial, bias=bias, out=out, M=M, N=N, splits=splits, stride_om=N, BLOCK=_REDUCE_BLOCK,

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from .backend import resolve_backend
+from .dependent import dependent, launch_options, start_dependent
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,8 @@ def gated_rmsnorm_reference(x: torch.Tensor, gate: torch.Tensor, weight: torch.T
 @triton.jit
 def _gated_rmsnorm_kernel(x_ptr, g_ptr, w_ptr, out_ptr, eps, group, stride_xm, stride_gm, stride_om,
                           BLOCK: tl.constexpr, GATE_FIRST: tl.constexpr, SIGMOID: tl.constexpr,
-                          ROUND_Y: tl.constexpr, ROUND_HW: tl.constexpr):
+                          ROUND_Y: tl.constexpr, ROUND_HW: tl.constexpr, PDL: tl.constexpr):
+    start_dependent(PDL)
     row = tl.program_id(0)
     cols = tl.program_id(1) * group + tl.arange(0, BLOCK)
     mask = tl.arange(0, BLOCK) < group
@@ -96,7 +98,8 @@ def gated_rmsnorm_triton(x, gate, weight, eps, form: NormForm):
         x2, g2, weight, out, eps, group, x2.stride(0), g2.stride(0), out.stride(0),
         BLOCK=triton.next_power_of_2(group), GATE_FIRST=form.gate_first, SIGMOID=form.activation == "sigmoid",
         ROUND_Y=form.gate_first or form.round_weighted,
-        ROUND_HW=form.round_weighted and promoted == x.dtype and x.dtype != torch.float32, num_warps=4)
+        ROUND_HW=form.round_weighted and promoted == x.dtype and x.dtype != torch.float32, PDL=dependent(x.device),
+        num_warps=4, **launch_options(dependent(x.device)))
     return out.view(*x.shape[:-1], D)
 
 
@@ -135,7 +138,8 @@ def rmsnorm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, form: s
 
 @triton.jit
 def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, eps, D, stride_xm, stride_om, BLOCK: tl.constexpr,
-                    ROUND_Y: tl.constexpr, OFFSET: tl.constexpr):
+                    ROUND_Y: tl.constexpr, OFFSET: tl.constexpr, PDL: tl.constexpr):
+    start_dependent(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < D
@@ -159,7 +163,8 @@ def rmsnorm_triton(x, weight, eps, form: str):
     block = triton.next_power_of_2(D)
     _rmsnorm_kernel[(x2.shape[0],)](x2, weight, out, eps, D, x2.stride(0), out.stride(0), BLOCK=block,
                                     ROUND_Y=form == "round_then_weight", OFFSET=form == "offset",
-                                    num_warps=4 if block <= 1024 else 8)
+                                    PDL=dependent(x.device), num_warps=4 if block <= 1024 else 8,
+                                    **launch_options(dependent(x.device)))
     return out.view(*x.shape[:-1], D)
 
 

@@ -20,16 +20,12 @@ import triton
 import triton.language as tl
 
 from ..cursor import advanced_cursor
+from ..dependent import gdc_launch_dependents, gdc_wait
 from ..persistent import flush_row_prefix, nth_flush_row
 from ..quant_triton import biased_words, codes_to_f32, word_code_to_f32
 from ..split_dot import bf16_parts
 from .gates import append_gate_sum, gdn_decay_window, previous_gate_sum
 from .tiles import column_scale, head_block, store_state_tile
-
-try:  # grid dependency control (programmatic dependent launch), Triton >= 3.3
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except Exception:  # pragma: no cover - older Triton: dependent_launch_supported() is False
-    gdc_launch_dependents = gdc_wait = None
 
 #: a step's tensors (``words``: an int8 checkpoint viewed as int32, for the output launch's WORDS);
 #: ``Scratch``: the fp32 scratch of the coefficient launch (x, cw), the flush

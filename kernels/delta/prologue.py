@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from ..conv import conv_step_tile, conv_update_reference
+from ..dependent import dependent, launch_options, start_dependent
 from .gdn_gates import gate_values, gdn_gates_reference
 from .reference import l2norm_qk_reference
 
@@ -44,7 +45,9 @@ def gdn_prologue_reference(conv_state, x, conv_weight, conv_bias, a, b, A_log, d
 def _gdn_prologue_kernel(state_ptr, x_ptr, w_ptr, bias_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, qn_ptr, kn_ptr, v_ptr,
                          g_ptr, beta_ptr, stride_sb, stride_sc, stride_sk, stride_xb, stride_xc, stride_a, stride_b,
                          q_scale, beta_scale, eps, Hk, HV, K: tl.constexpr, V: tl.constexpr, W: tl.constexpr,
-                         WP: tl.constexpr, BC: tl.constexpr, BH: tl.constexpr, HAS_BIAS: tl.constexpr):
+                         WP: tl.constexpr, BC: tl.constexpr, BH: tl.constexpr, HAS_BIAS: tl.constexpr,
+                         PDL: tl.constexpr):
+    start_dependent(PDL)
     row = tl.program_id(0)
     j = tl.program_id(1)  # q heads, k heads, v heads, then the gates
     lanes = tl.arange(0, BC)
@@ -96,7 +99,8 @@ def gdn_prologue_triton(conv_state, x, conv_weight, conv_bias, a, b, A_log, dt_b
         conv_state, x, weight, conv_bias if conv_bias is not None else weight, a, b, A_log, dt_bias, qn, kn, v, g,
         beta, *conv_state.stride(), *x.stride(), a.stride(0), b.stride(0), float(q_scale), float(beta_scale),
         float(eps), Hk, HV, K=K, V=V, W=width, WP=triton.next_power_of_2(width), BC=block,
-        BH=triton.next_power_of_2(HV), HAS_BIAS=conv_bias is not None, num_warps=4)
+        BH=triton.next_power_of_2(HV), HAS_BIAS=conv_bias is not None, PDL=dependent(dev), num_warps=4,
+        **launch_options(dependent(dev)))
     return qn, kn, v, g, beta
 
 

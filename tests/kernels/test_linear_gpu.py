@@ -20,6 +20,19 @@ def _data(N, K, M, dtype, bias, seed=0):
     return x, w, b
 
 
+def _captured(fn):
+    """(graph, fn's outputs in it): fn run once on a side stream (Triton compiles there), then captured."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = fn()
+    return graph, outs
+
+
 @pytest.mark.parametrize("dtype,batches", [(torch.bfloat16, (1, 2)), (torch.float16, (1, 2))])
 def test_preset_shapes_within_rounding(dtype, batches):
     for i, (N, K) in enumerate(PRESET_SHAPES):
@@ -54,14 +67,7 @@ def test_cuda_graph_capture_replays_the_eager_result(N, K, M):
     """Three calls captured (split launches included: (256, 16384) at M = 1 splits K); after new inputs
     are copied in, a replay gives the eager call's result bit for bit."""
     x, w, b = _data(N, K, M, torch.bfloat16, bias=True)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm-up (compiles) off the capture
-        linear_small_batch(x, w, b, backend="triton")
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = [linear_small_batch(x, w, b, backend="triton") for _ in range(3)]
+    graph, outs = _captured(lambda: [linear_small_batch(x, w, b, backend="triton") for _ in range(3)])
     if N == 256:
         assert default_config(N, K, M, 2, torch.cuda.get_device_properties(0).multi_processor_count).split_k > 1
     for seed in (1, 2):
@@ -128,15 +134,46 @@ def test_group_and_gated_cuda_graph_capture_replays_the_eager_result():
                 linear_small_batch_group(x, ws[2:], None, backend="triton", config=split),
                 linear_small_batch_gated(x, gate, up, backend="triton"))
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm-up (compiles) off the capture
-        calls()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = calls()
+    graph, outs = _captured(calls)
     for seed in (1, 2):
         x.copy_(_group_data(1, bias=False, seed=seed)[0])
         graph.replay()
         assert all(torch.equal(o, w) for o, w in zip(outs, calls(), strict=True))
+
+
+def test_chained_launches_read_their_inputs_after_the_launch_before():
+    """Each launch may start under the one before (programmatic dependent launch, sm_90: the GEMV reads its first
+    weight tile early, its input only after that launch completes). A chain whose every input is the output
+    just written (norm, gated, down, single, split K) replays in a CUDA graph to the results of the same calls
+    made one at a time with the device synchronised between them, for new inputs copied in before each replay."""
+    from replayssm.kernels.norm import rmsnorm
+
+    x, gate, up = _gated_data(1)
+    g = torch.Generator(device="cuda").manual_seed(7)
+    down = (torch.randn(2560, 9216, generator=g, device="cuda") / 96).bfloat16()
+    proj = (torch.randn(8192, 2560, generator=g, device="cuda") / 50).bfloat16()
+    narrow = (torch.randn(256, 8192, generator=g, device="cuda") / 90).bfloat16()
+    norm_w = torch.rand(2560, generator=g, device="cuda").bfloat16() + 0.5
+    split = LaunchConfig(block_n=4, block_k=512, num_warps=4, split_k=4)
+    steps = (lambda h: rmsnorm(h, norm_w, 1e-6, "round_then_weight", backend="triton"),
+             lambda h: linear_small_batch_gated(h, gate, up, backend="triton"),
+             lambda h: linear_small_batch(h, down, backend="triton"),
+             lambda h: linear_small_batch(h, proj, backend="triton"),
+             lambda h: linear_small_batch(h, narrow, backend="triton", config=split))
+
+    def chain(sync=False):
+        h = x
+        for step in steps:
+            h = step(h)
+            if sync:
+                torch.cuda.synchronize()
+        return h
+
+    graph, out = _captured(chain)
+    for seed in range(1, 6):
+        x.copy_(torch.randn(x.shape, generator=g, device="cuda"))
+        want = chain(sync=True)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want), f"replay {seed}"
