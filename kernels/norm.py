@@ -94,12 +94,13 @@ def gated_rmsnorm_triton(x, gate, weight, eps, form: NormForm):
         x2, g2 = x2.contiguous(), g2.contiguous()
     out = torch.empty(x2.shape, dtype=form.out_dtype(x, weight), device=x.device)
     promoted = torch.promote_types(weight.dtype, x.dtype)
+    pdl = dependent(x.device)
     _gated_rmsnorm_kernel[(x2.shape[0], D // group)](
         x2, g2, weight, out, eps, group, x2.stride(0), g2.stride(0), out.stride(0),
         BLOCK=triton.next_power_of_2(group), GATE_FIRST=form.gate_first, SIGMOID=form.activation == "sigmoid",
         ROUND_Y=form.gate_first or form.round_weighted,
-        ROUND_HW=form.round_weighted and promoted == x.dtype and x.dtype != torch.float32, PDL=dependent(x.device),
-        num_warps=4, **launch_options(dependent(x.device)))
+        ROUND_HW=form.round_weighted and promoted == x.dtype and x.dtype != torch.float32, PDL=pdl,
+        num_warps=4, **launch_options(pdl))
     return out.view(*x.shape[:-1], D)
 
 
@@ -161,10 +162,10 @@ def rmsnorm_triton(x, weight, eps, form: str):
         x2 = x2.contiguous()
     out = torch.empty(x2.shape, dtype=rmsnorm_out_dtype(x, weight, form), device=x.device)
     block = triton.next_power_of_2(D)
+    pdl = dependent(x.device)
     _rmsnorm_kernel[(x2.shape[0],)](x2, weight, out, eps, D, x2.stride(0), out.stride(0), BLOCK=block,
                                     ROUND_Y=form == "round_then_weight", OFFSET=form == "offset",
-                                    PDL=dependent(x.device), num_warps=4 if block <= 1024 else 8,
-                                    **launch_options(dependent(x.device)))
+                                    PDL=pdl, num_warps=4 if block <= 1024 else 8, **launch_options(pdl))
     return out.view(*x.shape[:-1], D)
 
 

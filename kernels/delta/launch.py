@@ -9,6 +9,7 @@ import triton
 
 from ..backend import compiled_in, dependent_launch_supported, num_sms, triton_interpreter_on
 from ..cursor import advance_cursor_triton, cursor_word_counts_arrivals
+from ..dependent import launch_options
 from ..persistent import flush_row_chunks
 from .config import LaunchConfig, default_config
 from .programs import IoStrides, Layout, Scratch, Tensors, coef_kernel, flush_kernel, gdn_coef_kernel, output_kernel
@@ -133,7 +134,7 @@ def _launch_three(t, io, lay, Bt, cfg, kda, write_idle, qf):
                                    LP=LP, WRITE_IDLE=write_idle, X_FROM_KEYS=x_from_keys, PDL=pdl,
                                    SKIP_FLUSH_ROWS=fused_flush, LAUNCH_DEPENDENTS=flush_pdl, num_warps=cfg.num_warps,
                                    FMT=qf["FMT"], WORDS=words,
-                                   **({"launch_pdl": True} if pdl else {}))
+                                   **launch_options(pdl))
     interp = triton_interpreter_on()
     exact_ring = t.u_buf if kda else t.k_buf  # the product operand that is not decay-weighted
     bf16_split = exact_ring.dtype == torch.bfloat16 and not interp and cfg.flush_bf16_split
@@ -143,7 +144,7 @@ def _launch_three(t, io, lay, Bt, cfg, kda, write_idle, qf):
             t, sc, io, lay, row0, n_rows, NVF, KDA=kda, BK=BKF, NK=triton.cdiv(K, BKF), BV=BVF, LP=LP, BB=BB,
             DOT_PREC=dot_precision(None), BF16_SPLIT=bf16_split, HEAD_ITEMS=cfg.flush_head_items,
             OUTPUT=fused_flush, PREFETCH=cfg.flush_prefetch, PDL=flush_pdl, **qf,
-            num_warps=cfg.flush_warps, num_stages=cfg.flush_stages, **({"launch_pdl": True} if flush_pdl else {}))
+            num_warps=cfg.flush_warps, num_stages=cfg.flush_stages, **launch_options(flush_pdl))
 
 
 def delta_step_decode_triton(q, k, v, g, beta, state, *, block_v: int | None = None,

@@ -95,12 +95,13 @@ def gdn_prologue_triton(conv_state, x, conv_weight, conv_bias, a, b, A_log, dt_b
         a, b = a.contiguous(), b.contiguous()
     weight = conv_weight.contiguous()
     block = triton.next_power_of_2(max(K, V))
+    pdl = dependent(dev)
     _gdn_prologue_kernel[(batch, 2 * Hk + HV + 1)](
         conv_state, x, weight, conv_bias if conv_bias is not None else weight, a, b, A_log, dt_bias, qn, kn, v, g,
         beta, *conv_state.stride(), *x.stride(), a.stride(0), b.stride(0), float(q_scale), float(beta_scale),
         float(eps), Hk, HV, K=K, V=V, W=width, WP=triton.next_power_of_2(width), BC=block,
-        BH=triton.next_power_of_2(HV), HAS_BIAS=conv_bias is not None, PDL=dependent(dev), num_warps=4,
-        **launch_options(dependent(dev)))
+        BH=triton.next_power_of_2(HV), HAS_BIAS=conv_bias is not None, PDL=pdl, num_warps=4,
+        **launch_options(pdl))
     return qn, kn, v, g, beta
 
 
