@@ -151,9 +151,16 @@ class ReplayMixin:
             compat.set_recurrent_state(layer, encode_state(state, buffers.tensors, target, self.state_scale_dim))
         return buffers
 
+    def _replay_pack(self) -> None:
+        """Store the weights of projections that share an input as one buffer (``packed_linear``); a family
+        with such projections says which."""
+
     def _replay_ready(self, cache, layer, hidden_states, keep_conv=None) -> None:
         """After the stock path: have buffers (and the cache's arrival counters) ready for decoding
-        (``keep_conv``: see ``compat.conv_window_of_prefill``)."""
+        (``keep_conv``: see ``compat.conv_window_of_prefill``), and the projections packed again if their
+        weights were replaced or moved since ``patch``."""
+        if not (torch.compiler.is_compiling() or (hidden_states.is_cuda and torch.cuda.is_current_stream_capturing())):
+            self._replay_pack()
         state = compat.recurrent_state(layer)
         if state is None or not compat.has_previous_state(layer):
             return

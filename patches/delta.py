@@ -31,6 +31,7 @@ from .base import ReplayMixin, apply_padding_mask
 from .cache_state import ReplayBuffers
 from .fused_linear import linear_concat, linear_outputs
 from .fused_norm import gated_norm
+from .packed_linear import pack_linears
 from .kinds import GATED_DELTANET, KDA
 from .quant_state import kernel_args, needs_replay_path
 
@@ -52,6 +53,11 @@ class _DeltaReplayMixin(ReplayMixin):
 
     def _projections(self, names) -> tuple:
         return tuple(getattr(self, n) for n in names)
+
+    def _replay_pack(self) -> None:
+        for names in PROJECTION_GROUPS:
+            if all(isinstance(getattr(self, n, None), torch.nn.Linear) for n in names):
+                pack_linears(self._projections(names))
 
     def _replay_materialize(self, state, buffers: ReplayBuffers):
         t = buffers.tensors

@@ -11,7 +11,8 @@ pickles of a patched model stay self-contained; ``unfuse_decode_linears`` remove
 
 Fewer, larger launches where a step's projections share their input: the patched mixers call
 ``linear_outputs`` / ``linear_concat`` (one grouped launch for, e.g., Gated DeltaNet's four input
-projections, where each call would take the kernel), and a gated MLP (``gate_proj``, ``up_proj``,
+projections, where each call would take the kernel; otherwise one GEMM where their weights are packed,
+``packed_linear``), and a gated MLP (``gate_proj``, ``up_proj``,
 ``down_proj``, ``act_fn``) gets an instance ``forward`` that runs gate and up as one gated launch
 (activation and product on the fp32 sums) once its first call outside a capture has found, on one
 row, that the module computes ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` exactly.
@@ -26,6 +27,8 @@ import torch
 from replayssm.kernels.backend import resolve_backend
 from replayssm.kernels.linear import (GROUP_MAX, linear_small_batch_gated_triton, linear_small_batch_group_triton,
                                       linear_small_batch_triton)
+
+from .packed_linear import packed_outputs
 
 #: devices and weight dtypes whose small-batch calls run the kernel
 KERNEL_DEVICES = ("cuda",)
@@ -79,18 +82,25 @@ def _grouped(x: torch.Tensor, modules) -> torch.Tensor | None:
     return linear_small_batch_group_triton(x, weights, None if biases[0] is None else biases)
 
 
+def _one_launch(x: torch.Tensor, modules) -> torch.Tensor | None:
+    """All the modules' output columns from one launch: the grouped kernel where each call would take it,
+    else one GEMM on their packed weight (``packed_linear``), else None."""
+    out = _grouped(x, modules)
+    return packed_outputs(x, modules, _is_ours) if out is None else out
+
+
 def linear_outputs(x: torch.Tensor, modules) -> tuple[torch.Tensor, ...]:
     """``tuple(m(x) for m in modules)`` for linear layers that share their input: one launch for all
-    (the outputs are views of its columns) where each call would take the kernel."""
-    out = _grouped(x, modules)
+    (the outputs are views of its columns) where ``_one_launch`` finds one."""
+    out = _one_launch(x, modules)
     if out is None:
         return tuple(m(x) for m in modules)
     return torch.split(out, [m.out_features for m in modules], dim=-1)
 
 
 def linear_concat(x: torch.Tensor, modules) -> torch.Tensor:
-    """``torch.cat([m(x) for m in modules], -1)``, in one launch where each call would take the kernel."""
-    out = _grouped(x, modules)
+    """``torch.cat([m(x) for m in modules], -1)``, in one launch where ``_one_launch`` finds one."""
+    out = _one_launch(x, modules)
     return torch.cat([m(x) for m in modules], dim=-1) if out is None else out
 
 

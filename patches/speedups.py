@@ -18,8 +18,12 @@
   (``fused_linear.fuse_decode_linears``); fp32 accumulation like cuBLAS, so outputs differ from its
   only in the last rounding; fp32 weights keep cuBLAS. Projections sharing an input run as one launch
   there, and a gated MLP's gate and up as one gated launch.
+* The 16-bit weights of a rewritten layer's projections that share an input (``_replay_pack``: the
+  delta-rule layers' ``delta.PROJECTION_GROUPS``) are stored as one buffer, each weight a view of its
+  rows (``packed_linear``): with more than one row of input they run as one GEMM. A layer packs them
+  again after each prefill if they were replaced or moved since (``model.to(...)`` after ``patch``).
 
-All four are per instance and undone by ``drop_decode_speedups`` (``unpatch``).
+All five are per instance and undone by ``drop_decode_speedups`` (``unpatch``).
 """
 
 from __future__ import annotations
@@ -28,8 +32,10 @@ import torch
 
 from . import attention_switch
 from .fused_linear import fuse_decode_linears, unfuse_decode_linears
+from .base import ReplayMixin
 from .fused_norm import fuse_decoder_norms, unfuse_decoder_norms
 from .latent_attention import restore_latent_decode, use_latent_decode
+from .packed_linear import unpack_linears
 
 
 def use_decode_speedups(model: torch.nn.Module) -> None:
@@ -37,6 +43,9 @@ def use_decode_speedups(model: torch.nn.Module) -> None:
     use_latent_decode(model, attention_switch.GROUPED_SDPA)
     fuse_decoder_norms(model)
     fuse_decode_linears(model)
+    for module in model.modules():
+        if isinstance(module, ReplayMixin):
+            module._replay_pack()
 
 
 def drop_decode_speedups(model: torch.nn.Module) -> None:
@@ -44,3 +53,4 @@ def drop_decode_speedups(model: torch.nn.Module) -> None:
     attention_switch.restore_decode_attention(model)
     unfuse_decoder_norms(model)
     unfuse_decode_linears(model)
+    unpack_linears(model)
