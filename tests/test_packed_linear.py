@@ -121,7 +121,7 @@ def _gemm_calls(monkeypatch):
     calls = []
     linear = F.linear
     monkeypatch.setattr(packed_linear.torch.nn.functional, "linear",
-                        lambda x, w, b=None: calls.append(tuple(w.shape)) or linear(x, w, b))
+                        lambda x, w, b=None: calls.append((tuple(w.shape), w.data_ptr())) or linear(x, w, b))
     return calls
 
 
@@ -143,8 +143,8 @@ def test_patched_delta_layers_run_one_gemm_per_group(family, monkeypatch):
         calls = _gemm_calls(monkeypatch)
         got = model(ids[:, 5:], past_key_values=cache, use_cache=True).logits
         monkeypatch.undo()
-        sizes = [(sum(m.out_features for m in g), g[0].in_features) for g in groups]
-        assert [c for c in calls if c in sizes] == sizes  # one GEMM per group, in layer order
+        packed = [(tuple(packed_weight(g).shape), g[0].weight.data_ptr()) for g in groups]
+        assert [c for c in calls if c in packed] == packed  # one GEMM per group, in layer order
         monkeypatch.setattr(fused_linear, "packed_outputs", lambda *a: None)  # the separate calls
         want = model(ids[:, 5:], past_key_values=snapshot, use_cache=True).logits
         monkeypatch.undo()
@@ -185,3 +185,4 @@ def test_a_packed_model_saves_and_loads_its_weights(tmp_path):
         assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
     finally:
         replayssm.unpatch(model)
+
