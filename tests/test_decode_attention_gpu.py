@@ -7,6 +7,7 @@ import torch
 import replayssm
 from replayssm.kernels.attention import DecodeLaunch, decode_attention_reference, decode_attention_triton
 from replayssm.patches import decode_attention as dispatch
+from replayssm.patches import latent_attention as latent_decode
 
 from helpers import assert_close_until_near_tie, generate, left_padded_batch, tiny
 from test_decode_attention import poisoned  # noqa: F401  (NaN-filled torch.empty)
@@ -94,11 +95,12 @@ def test_cuda_graph_replay_follows_the_inputs(B, C):
 @pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h", "kimi_linear"])
 def test_patched_bf16_graphs_equal_eager_and_run_the_kernel(family, monkeypatch):
     """bf16 greedy generate() of a patched tiny model: the CUDA-graph decode (static cache, the kernel
-    captured) gives the eager patched decode's tokens (dynamic cache, the kernel run eagerly); logits
+    captured; Kimi-Linear's latent attention instead) gives the eager patched decode's tokens (dynamic cache, the kernel run eagerly); logits
     within bf16 rounding until a near-tie (the prefills differ: the graphs' runs on a 64-position cache)."""
-    calls = []
-    kernel = dispatch.decode_attention_triton
+    calls, latent = [], []
+    kernel, attend = dispatch.decode_attention_triton, latent_decode.latent_attention
     monkeypatch.setattr(dispatch, "decode_attention_triton", lambda *a: calls.append(a[1].shape) or kernel(*a))
+    monkeypatch.setattr(latent_decode, "latent_attention", lambda *a: latent.append(1) or attend(*a))
     model = tiny(family, torch.bfloat16).cuda()
     ids, mask = left_padded_batch(seed=9, batch=4, device="cuda")
     kw = dict(max_new_tokens=24, min_new_tokens=24)
@@ -109,7 +111,10 @@ def test_patched_bf16_graphs_equal_eager_and_run_the_kernel(family, monkeypatch)
         calls.clear()
         replayssm.patch(model, buffer_len=8, cuda_graphs=True)
         graphs = [generate(model, ids, mask, **kw) for _ in range(2)]
-        assert calls and all(shape[2] == 64 for shape in calls), "the captured decode step did not run the kernel"
+        if family == "kimi_linear":  # multi-head latent attention: one-token queries attend on the latents
+            assert latent and not calls, "the captured decode step did not attend on the latent cache"
+        else:
+            assert calls and all(shape[2] == 64 for shape in calls), "the captured decode step did not run the kernel"
         for out in graphs:
             assert_close_until_near_tie(out, eager, ids.shape[1], tol=3e-2)
     finally:
