@@ -37,61 +37,15 @@ def layer_window_conv_reference(conv_hist: torch.Tensor, conv_state: torch.Tenso
 
 
 @triton.jit
-def window_start(cursor, b, T, L):
-    """(the row's cursor is >= 0, its window's start slot) for a window of T tokens and a ring of L."""
-    c = tl.load(cursor + b)
-    return c >= 0, tl.where((c + T > L) | (c < 0), 0, c)
-
-
-@triton.jit
-def window_token(x, state, b, t, ch, taps, tm, w, bias_c, x_b, x_t, x_c, s_b, s_c, s_k, K: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
-    """The fp32 conv output of window token t on channels ``ch`` (taps ``tm``-masked): it sees window columns
-    t + 1 .. t + K, the old conv state below K and the window's inputs above."""
-    s_row = state + b * s_b + ch[:, None] * s_c
-    j = t + 1 + taps[None, :]
-    win = tl.where(j < K, tl.load(s_row + j * s_k, mask=tm & (j < K), other=0.0),
-                   tl.load(x + b * x_b + ch[:, None] * x_c + (j - K) * x_t, mask=tm & (j >= K),
-                           other=0.0).to(state.dtype.element_ty))
-    acc = tl.sum(win.to(tl.float32) * w, axis=1)
-    if HAS_BIAS:
-        acc += bias_c
-    if SILU:
-        acc = acc * tl.sigmoid(acc)
-    return acc
-
-
-@triton.jit
-def window_keep(x, hist, state, b, T, start, active, ch, cm, taps, tm, x_b, x_t, x_c, h_b, h_c, h_k, s_b, s_c, s_k,
-                K: tl.constexpr):
-    """The history of channels ``ch`` (the conv state at the window's start, then the T inputs) and their new
-    conv state (window columns T .. T + K - 1), on an active row: everything read before the barrier, written
-    after it."""
-    s_row = state + b * s_b + ch[:, None] * s_c
-    x_row = x + b * x_b + ch[:, None] * x_c
-    h_row = hist + b * h_b + ch * h_c
-    sdt = state.dtype.element_ty
-    old = tl.load(s_row + taps[None, :] * s_k, mask=tm, other=0.0)
-    j = T + taps[None, :]
-    new = tl.where(j < K, tl.load(s_row + j * s_k, mask=tm & (j < K), other=0.0),
-                   tl.load(x_row + (j - K) * x_t, mask=tm & (j >= K), other=0.0).to(sdt))
-    tl.debug_barrier()
-    if active:
-        for t in range(T):
-            x_t_col = tl.load(x + b * x_b + t * x_t + ch * x_c, mask=cm, other=0.0)
-            tl.store(h_row + (start + K + t) * h_k, x_t_col.to(sdt), mask=cm)
-        tl.store(h_row[:, None] + (start + taps[None, :]) * h_k, old, mask=tm)
-        tl.store(s_row + taps[None, :] * s_k, new, mask=tm)
-
-
-@triton.jit
 def _window_conv_kernel(x, weight, bias, out, hist, state, cursor, committed, T, L, C,
                         x_b, x_t, x_c, h_b, h_c, h_k, s_b, s_c, s_k,
                         K: tl.constexpr, KP: tl.constexpr, BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr,
                         SILU: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     pid_c = tl.program_id(1)
-    active, start = window_start(cursor, b, T, L)
+    c = tl.load(cursor + b)
+    active = c >= 0
+    start = tl.where((c + T > L) | (c < 0), 0, c)
     if pid_c == 0:
         tl.store(committed + b, tl.minimum(tl.load(committed + b), start))
     ch = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -101,12 +55,34 @@ def _window_conv_kernel(x, weight, bias, out, hist, state, cursor, committed, T,
     w = tl.load(weight + ch[:, None] * K + taps[None, :], mask=tm, other=0.0).to(tl.float32)
     if HAS_BIAS:
         bias_c = tl.load(bias + ch, mask=cm, other=0.0).to(tl.float32)
-    else:
-        bias_c = 0.0
+    s_row = state + b * s_b + ch[:, None] * s_c
+    x_row = x + b * x_b + ch[:, None] * x_c
+    h_row = hist + b * h_b + ch * h_c
+    sdt = state.dtype.element_ty
     for t in range(T):
-        acc = window_token(x, state, b, t, ch, taps, tm, w, bias_c, x_b, x_t, x_c, s_b, s_c, s_k, K, HAS_BIAS, SILU)
+        # token t sees window columns t + 1 .. t + K: the old conv state below K, the inputs above
+        j = t + 1 + taps[None, :]
+        win = tl.where(j < K, tl.load(s_row + j * s_k, mask=tm & (j < K), other=0.0),
+                       tl.load(x_row + (j - K) * x_t, mask=tm & (j >= K), other=0.0).to(sdt))
+        acc = tl.sum(win.to(tl.float32) * w, axis=1)
+        if HAS_BIAS:
+            acc += bias_c
+        if SILU:
+            acc = acc * tl.sigmoid(acc)
         tl.store(out + (b * T + t) * C + ch, acc.to(out.dtype.element_ty), mask=cm)
-    window_keep(x, hist, state, b, T, start, active, ch, cm, taps, tm, x_b, x_t, x_c, h_b, h_c, h_k, s_b, s_c, s_k, K)
+        if active:
+            x_t_col = tl.load(x + b * x_b + t * x_t + ch * x_c, mask=cm, other=0.0)
+            tl.store(h_row + (start + K + t) * h_k, x_t_col.to(sdt), mask=cm)
+    # the history's first K columns (the conv state at the window's start) and the new conv state
+    # (window columns T .. T + K - 1), all read before the barrier, written after it
+    old = tl.load(s_row + taps[None, :] * s_k, mask=tm, other=0.0)
+    j = T + taps[None, :]
+    new = tl.where(j < K, tl.load(s_row + j * s_k, mask=tm & (j < K), other=0.0),
+                   tl.load(x_row + (j - K) * x_t, mask=tm & (j >= K), other=0.0).to(sdt))
+    tl.debug_barrier()
+    if active:
+        tl.store(h_row[:, None] + (start + taps[None, :]) * h_k, old, mask=tm)
+        tl.store(s_row + taps[None, :] * s_k, new, mask=tm)
 
 
 def layer_window_conv_triton(conv_hist: torch.Tensor, conv_state: torch.Tensor, cursor: torch.Tensor,

@@ -67,21 +67,16 @@ class _DeltaReplayMixin(ReplayMixin):
     def _run_kernel(self, layer, buffers, q, k, v, g, beta, window: bool = False):
         """q, k (B, T, Hk, K); v (B, T, HV, V); g (B, T, HV[, K]); beta (B, T, HV) -> o (B, T, HV, V).
         T = 1 without ``window`` (a decode step); with it a verify of T tokens."""
+        t = buffers.tensors
         batch, T = q.shape[:2]
         backend = self.replay_options.backend
         qn, kn = l2norm_qk(q.reshape(batch * T, *q.shape[2:]), k.reshape(batch * T, *k.shape[2:]),
                            q.shape[-1] ** -0.5, backend=backend)
         qn, kn = qn.view(q.shape), kn.view(k.shape)
-        if window:
-            return self._verify(layer, buffers, qn, kn, v, g, beta)
+        if window:  # plain checkpoints only (speculative.py)
+            return delta_replay_verify(qn, kn, v, g, beta, compat.recurrent_state(layer), t["u_buf"], t["k_buf"],
+                                       t["g_buf"], buffers.cursor, backend=backend)
         return self._decode(layer, buffers, *(a[:, 0] for a in (qn, kn, v, g, beta)))[:, None]
-
-    def _verify(self, layer, buffers, qn, kn, v, g, beta):
-        """A verify window of T tokens from normalised q, k (B, T, Hk, K) fp32 -> o (B, T, HV, V); plain
-        checkpoints only (speculative.py)."""
-        t = buffers.tensors
-        return delta_replay_verify(qn, kn, v, g, beta, compat.recurrent_state(layer), t["u_buf"], t["k_buf"],
-                                   t["g_buf"], buffers.cursor, backend=self.replay_options.backend)
 
     def _decode(self, layer, buffers, qn, kn, v, g, beta):
         """One decode step from normalised q, k (B, Hk, K) fp32, v (B, HV, V), g, beta -> o (B, HV, V)."""
@@ -131,19 +126,15 @@ class ReplayGatedDeltaNetMixer(_DeltaReplayMixin):
         batch, T = hidden_states.shape[:2]
         h = apply_padding_mask(hidden_states, attention_mask)
         mixed, z, b, a, beta_scale = self._project(h)
-        if self.activation == "silu" and resolve_backend(self.replay_options.backend, h.device) == "triton":
-            # one launch for the conv (a step's or a window's), the q / k norms and the gates
+        if not window and self.activation == "silu" and (
+                resolve_backend(self.replay_options.backend, h.device) == "triton"):
+            # one launch for the conv step, the q / k norms and the gates
             heads = (self.num_k_heads, self.head_k_dim, self.num_v_heads, self.head_v_dim)
-            if window:
-                qn, kn, v, g, beta = speculative.gdn_window_prologue(self, layer, buffers, mixed, a, b, heads,
-                                                                     beta_scale)
-                o = self._verify(layer, buffers, qn, kn, v, g, beta)
-            else:
-                qn, kn, v, g, beta = gdn_prologue(
-                    compat.conv_state(layer), mixed[:, 0], self.conv1d.weight.squeeze(1), self.conv1d.bias, a[:, 0],
-                    b[:, 0], self.A_log, self.dt_bias, heads, self.head_k_dim ** -0.5, beta_scale,
-                    backend=self.replay_options.backend)
-                o = self._decode(layer, buffers, qn, kn, v, g, beta)[:, None]
+            qn, kn, v, g, beta = gdn_prologue(
+                compat.conv_state(layer), mixed[:, 0], self.conv1d.weight.squeeze(1), self.conv1d.bias, a[:, 0],
+                b[:, 0], self.A_log, self.dt_bias, heads, self.head_k_dim ** -0.5, beta_scale,
+                backend=self.replay_options.backend)
+            o = self._decode(layer, buffers, qn, kn, v, g, beta)[:, None]
             return self._gated_output(o, z, batch, T)
         mixed = self._conv_tokens(layer, buffers, mixed, window)
         q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)

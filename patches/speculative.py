@@ -38,7 +38,6 @@ import torch
 from replayssm.errors import ConfigError, RollbackError, VerifyWindowError
 from replayssm.kernels.backend import resolve_backend
 from replayssm.kernels.rollback import layer_rollback, layers_rollback, layers_rollback_table
-from replayssm.kernels.delta.prologue import gdn_window_prologue as delta_window_prologue
 from replayssm.kernels.window_conv import layer_window_conv
 
 from . import compat
@@ -100,17 +99,6 @@ def window_conv(mixer, layer, buffers: ReplayBuffers, x: torch.Tensor) -> torch.
     return layer_window_conv(t[HIST], compat.conv_state(layer), buffers.cursor, t[COMMITTED], x,
                              mixer.conv1d.weight.squeeze(1), mixer.conv1d.bias, mixer.activation, ring_len(buffers),
                              backend=mixer.replay_options.backend)
-
-
-def gdn_window_prologue(mixer, layer, buffers: ReplayBuffers, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                        heads: tuple[int, int, int, int], beta_scale: float):
-    """A Gated DeltaNet window's conv (as ``window_conv``), q / k norms and gates in one launch:
-    x (Bt, T, C), a, b (Bt, T, HV) -> q_n, k_n, v, g, beta (``kernels.delta.prologue``)."""
-    t = buffers.tensors
-    return delta_window_prologue(t[HIST], compat.conv_state(layer), buffers.cursor, t[COMMITTED], x,
-                                 mixer.conv1d.weight.squeeze(1), mixer.conv1d.bias, a, b, mixer.A_log, mixer.dt_bias,
-                                 heads, mixer.head_k_dim ** -0.5, ring_len(buffers), beta_scale,
-                                 backend=mixer.replay_options.backend)
 
 
 def _enter_rollback_mode(mixer, layer, buffers: ReplayBuffers, L: int) -> None:

@@ -9,11 +9,6 @@ output is rounded to x's dtype before the norms, as it is between those launches
 add in another order). A decode step at batch 1 is launch-bound: one launch instead of three per layer.
 Each program owns one head's channels of one row (a q or k head: its norm needs all K of them), and
 one more program per row computes the gates.
-
-``gdn_window_prologue(conv_hist, conv_state, cursor, committed, x, ..., ring_len)``: the same for a verify
-window of T tokens, x (Bt, T, C) and a, b (Bt, T, HV): the window conv with its roll-back-able history
-(``window_conv.layer_window_conv``: conv_hist, conv_state and committed in place), then the norms and
-gates; q_n, k_n (Bt, T, Hk, K), v (Bt, T, HV, V), g, beta (Bt, T, HV). One launch instead of three.
 """
 
 from __future__ import annotations
@@ -24,12 +19,10 @@ import triton.language as tl
 
 from ..conv import conv_step_tile, conv_update_reference
 from ..dependent import dependent, launch_options, start_dependent
-from ..window_conv import layer_window_conv_reference, window_keep, window_start, window_token
 from .gdn_gates import gate_values, gdn_gates_reference
 from .reference import l2norm_qk_reference
 
-__all__ = ["gdn_prologue", "gdn_prologue_reference", "gdn_prologue_triton", "gdn_window_prologue",
-           "gdn_window_prologue_reference", "gdn_window_prologue_triton"]
+__all__ = ["gdn_prologue", "gdn_prologue_reference", "gdn_prologue_triton"]
 
 
 def _split(out: torch.Tensor, heads: tuple[int, int, int, int]):
@@ -131,120 +124,3 @@ def gdn_prologue(conv_state, x, conv_weight, conv_bias, a, b, A_log, dt_bias, he
                                    beta_scale, eps)
     return gdn_prologue_reference(conv_state, x, conv_weight, conv_bias, a, b, A_log, dt_bias, heads, q_scale,
                                   beta_scale, eps)
-
-
-def gdn_window_prologue_reference(conv_hist, conv_state, cursor, committed, x, conv_weight, conv_bias, a, b, A_log,
-                                  dt_bias, heads, q_scale, ring_len, beta_scale=1.0, eps=1e-6):
-    """PyTorch reference of ``gdn_window_prologue`` (the CPU path): the window conv, the norms and the gates."""
-    Hk, K, HV, V = heads
-    Bt, T = x.shape[:2]
-    out = layer_window_conv_reference(conv_hist, conv_state, cursor, committed, x, conv_weight, conv_bias, "silu",
-                                      ring_len)
-    q, k, v = _split(out.reshape(Bt * T, -1), heads)
-    qn, kn = l2norm_qk_reference(q, k, q_scale, eps)
-    g, beta = gdn_gates_reference(a.reshape(Bt * T, HV), b.reshape(Bt * T, HV), A_log, dt_bias, beta_scale)
-    return (qn.view(Bt, T, Hk, K), kn.view(Bt, T, Hk, K), v.reshape(Bt, T, HV, V), g.view(Bt, T, HV),
-            beta.view(Bt, T, HV))
-
-
-@triton.jit
-def _gdn_window_prologue_kernel(x, weight, bias, hist, state, cursor, committed, a_ptr, b_ptr, alog_ptr, dtb_ptr,
-                                qn_ptr, kn_ptr, v_ptr, g_ptr, beta_ptr, T, L, x_b, x_t, x_c, h_b, h_c, h_k, s_b, s_c,
-                                s_k, stride_a, stride_b, q_scale, beta_scale, eps, Hk, HV, K: tl.constexpr,
-                                V: tl.constexpr, W: tl.constexpr, WP: tl.constexpr, BC: tl.constexpr,
-                                BH: tl.constexpr, HAS_BIAS: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    j = tl.program_id(1)  # q heads, k heads, v heads, then the gates
-    active, start = window_start(cursor, row, T, L)
-    if j == 0:
-        tl.store(committed + row, tl.minimum(tl.load(committed + row), start))
-    if j < 2 * Hk + HV:
-        lanes = tl.arange(0, BC)
-        if j < 2 * Hk:
-            ch = j * K + lanes
-            cm = lanes < K
-        else:
-            ch = 2 * Hk * K + (j - 2 * Hk) * V + lanes
-            cm = lanes < V
-        taps = tl.arange(0, WP)
-        tm = cm[:, None] & (taps < W)[None, :]
-        w = tl.load(weight + ch[:, None] * W + taps[None, :], mask=tm, other=0.0).to(tl.float32)
-        if HAS_BIAS:
-            bias_c = tl.load(bias + ch, mask=cm, other=0.0).to(tl.float32)
-        else:
-            bias_c = 0.0
-        for t in range(T):
-            acc = window_token(x, state, row, t, ch, taps, tm, w, bias_c, x_b, x_t, x_c, s_b, s_c, s_k, W, HAS_BIAS,
-                               True)
-            y = acc.to(v_ptr.dtype.element_ty)  # the conv output's rounding, as between launches
-            if j < 2 * Hk:
-                y = tl.where(cm, y.to(tl.float32), 0.0)
-                y = y * tl.math.rsqrt(tl.sum(y * y, axis=0) + eps)
-                out = ((row * T + t) * Hk + j % Hk) * K + lanes
-                if j < Hk:
-                    tl.store(qn_ptr + out, y * q_scale, mask=cm)
-                else:
-                    tl.store(kn_ptr + out, y, mask=cm)
-            else:
-                tl.store(v_ptr + ((row * T + t) * HV + j - 2 * Hk) * V + lanes, y, mask=cm)
-        window_keep(x, hist, state, row, T, start, active, ch, cm, taps, tm, x_b, x_t, x_c, h_b, h_c, h_k, s_b, s_c,
-                    s_k, W)
-    else:
-        heads = tl.arange(0, BH)
-        mask = heads < HV
-        for t in range(T):
-            g, beta = gate_values(a_ptr, b_ptr, alog_ptr, dtb_ptr, row * T + t, stride_a, stride_b, heads, mask,
-                                  beta_scale)
-            tl.store(g_ptr + (row * T + t) * HV + heads, g, mask=mask)
-            tl.store(beta_ptr + (row * T + t) * HV + heads, beta, mask=mask)
-
-
-def gdn_window_prologue_triton(conv_hist, conv_state, cursor, committed, x, conv_weight, conv_bias, a, b, A_log,
-                               dt_bias, heads, q_scale, ring_len, beta_scale=1.0, eps=1e-6):
-    """Triton ``gdn_window_prologue`` (one launch; int32 cursors and marks; x may be strided)."""
-    Hk, K, HV, V = heads
-    Bt, T = x.shape[:2]
-    width = conv_state.shape[2]
-    if cursor.dtype != torch.int32 or committed.dtype != torch.int32:
-        raise ValueError(f"cursor and committed must be int32; got {cursor.dtype}, {committed.dtype}")
-    dev = x.device
-    qn = torch.empty((Bt, T, Hk, K), dtype=torch.float32, device=dev)
-    kn = torch.empty_like(qn)
-    v = torch.empty((Bt, T, HV, V), dtype=x.dtype, device=dev)
-    g = torch.empty((Bt, T, HV), dtype=torch.float32, device=dev)
-    beta = torch.empty_like(g)
-    if Bt == 0 or T == 0:
-        return qn, kn, v, g, beta
-    a, b = a.reshape(Bt * T, HV), b.reshape(Bt * T, HV)
-    if a.stride(-1) != 1 or b.stride(-1) != 1:
-        a, b = a.contiguous(), b.contiguous()
-    weight = conv_weight.contiguous()
-    _gdn_window_prologue_kernel[(Bt, 2 * Hk + HV + 1)](
-        x, weight, conv_bias if conv_bias is not None else weight, conv_hist, conv_state, cursor, committed, a, b,
-        A_log, dt_bias, qn, kn, v, g, beta, T, ring_len, *x.stride(), *conv_hist.stride(), *conv_state.stride(),
-        a.stride(0), b.stride(0), float(q_scale), float(beta_scale), float(eps), Hk, HV, K=K, V=V, W=width,
-        WP=triton.next_power_of_2(width), BC=triton.next_power_of_2(max(K, V)), BH=triton.next_power_of_2(HV),
-        HAS_BIAS=conv_bias is not None, num_warps=4)
-    return qn, kn, v, g, beta
-
-
-def gdn_window_prologue(conv_hist, conv_state, cursor, committed, x, conv_weight, conv_bias, a, b, A_log, dt_bias,
-                        heads, q_scale, ring_len, beta_scale=1.0, eps=1e-6, *, backend: str = "auto"):
-    """The prologue of one Gated DeltaNet verify window (see the module notes); dispatches on ``backend``."""
-    from ..backend import resolve_backend
-
-    Hk, K, HV, V = heads
-    C = 2 * Hk * K + HV * V
-    if x.dim() != 3 or x.shape[2] != C or conv_state.shape[:2] != (x.shape[0], C) or conv_weight.shape != (
-            C, conv_state.shape[2]) or conv_hist.shape[:2] != conv_state.shape[:2]:
-        raise ValueError(f"gdn_window_prologue expects x (B, T, {C}) = (B, T, 2 Hk K + HV V), conv_state (B, {C}, W), "
-                         f"conv_hist (B, {C}, W + L), conv_weight ({C}, W); got {tuple(x.shape)}, "
-                         f"{tuple(conv_state.shape)}, {tuple(conv_hist.shape)}, {tuple(conv_weight.shape)}")
-    if a.shape != (*x.shape[:2], HV) or b.shape != a.shape or A_log.shape != (HV,) or dt_bias.shape != (HV,):
-        raise ValueError(f"gdn_window_prologue expects a, b {(*x.shape[:2], HV)} and A_log, dt_bias ({HV},); got "
-                         f"{tuple(a.shape)}, {tuple(b.shape)}, {tuple(A_log.shape)}, {tuple(dt_bias.shape)}")
-    if not torch.compiler.is_compiling() and resolve_backend(backend, x.device) == "triton":
-        return gdn_window_prologue_triton(conv_hist, conv_state, cursor, committed, x, conv_weight, conv_bias, a, b,
-                                          A_log, dt_bias, heads, q_scale, ring_len, beta_scale, eps)
-    return gdn_window_prologue_reference(conv_hist, conv_state, cursor, committed, x, conv_weight, conv_bias, a, b,
-                                         A_log, dt_bias, heads, q_scale, ring_len, beta_scale, eps)
