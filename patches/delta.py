@@ -31,8 +31,8 @@ from .base import ReplayMixin, apply_padding_mask
 from .cache_state import ReplayBuffers
 from .fused_linear import linear_concat, linear_outputs
 from .fused_norm import gated_norm
-from .packed_linear import pack_linears
 from .kinds import GATED_DELTANET, KDA
+from .packed_linear import pack_linears
 from .quant_state import kernel_args, needs_replay_path
 
 

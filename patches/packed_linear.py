@@ -5,10 +5,10 @@
 becoming a view of its rows: the same values and parameter objects, no extra memory. ``packed_weight``
 returns that buffer while the weights are still those views (a module whose weight was replaced, moved or
 cast is not), so that ``fused_linear.linear_outputs`` runs one GEMM instead of one per projection for more
-than one row of input (a batched decode step, a verify window, prefill): cuBLAS on the concatenation is
-1.5x faster than four calls for Qwen3.5's projections, the two 32-column ones costing a launch each.
-fp32 weights are not packed: their outputs stay those of the stock model's calls. ``unpack_linears(model)``
-gives every packed weight its own storage again (``unpatch``).
+than one row of input (a batched decode step, a verify window, prefill): one launch, where two of Qwen3.5's
+four projections are 32 columns wide and cost a launch each for almost no bytes. fp32 weights are not
+packed: their outputs stay those of the stock model's calls. ``unpack_linears(model)`` gives every packed
+weight its own storage again (``unpatch``).
 """
 
 from __future__ import annotations
@@ -69,9 +69,11 @@ def packed_weight(modules: Sequence[torch.nn.Module]) -> torch.Tensor | None:
 def packed_outputs(x: torch.Tensor, modules: Sequence[torch.nn.Module], allowed) -> torch.Tensor | None:
     """``cat([m(x) for m in modules], -1)`` as one ``F.linear`` on their packed weight, or None where a call
     would not be that: weights not packed, a module not a plain bias-free ``nn.Linear`` (``allowed(forward)``
-    accepts an instance forward that computes the same), hooks, autograd through the weights, a tensor subclass."""
-    if type(x) is not torch.Tensor or torch.nn.modules.module._global_forward_hooks or (
-            torch.nn.modules.module._global_forward_pre_hooks):
+    accepts an instance forward that computes the same), hooks, autograd through the weights, a tensor subclass,
+    ``torch.compile`` (which cannot trace the storage checks; it sees the separate calls)."""
+    hooks = torch.nn.modules.module
+    if (type(x) is not torch.Tensor or torch.compiler.is_compiling() or hooks._global_forward_hooks
+            or hooks._global_forward_pre_hooks):
         return None
     for m in modules:
         forward = m.__dict__.get("forward")

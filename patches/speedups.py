@@ -31,8 +31,8 @@ from __future__ import annotations
 import torch
 
 from . import attention_switch
-from .fused_linear import fuse_decode_linears, unfuse_decode_linears
 from .base import ReplayMixin
+from .fused_linear import fuse_decode_linears, unfuse_decode_linears
 from .fused_norm import fuse_decoder_norms, unfuse_decoder_norms
 from .latent_attention import restore_latent_decode, use_latent_decode
 from .packed_linear import unpack_linears

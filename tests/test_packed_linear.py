@@ -186,3 +186,27 @@ def test_a_packed_model_saves_and_loads_its_weights(tmp_path):
     finally:
         replayssm.unpatch(model)
 
+
+
+def test_torch_compile_traces_a_packed_layer_without_breaks():
+    """Under torch.compile a packed layer's projections are the separate calls, in one graph."""
+    import transformers
+
+    model = copy.deepcopy(tiny("qwen3_5")).to(torch.bfloat16)
+    replayssm.patch(model, buffer_len=4)
+    try:
+        prompt = torch.randint(3, 512, (2, 5), generator=torch.Generator().manual_seed(0))
+        cache = transformers.DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(prompt, past_key_values=cache, use_cache=True)
+            model(prompt[:, :1], past_key_values=cache, use_cache=True)  # allocates the buffers
+            mixer = model.get_submodule(replayssm.find_ssm_layers(model)[0].name)
+            assert packed_weight(mixer._projections(D.QWEN3_5_PROJECTIONS)) is not None
+            torch._dynamo.reset()
+            x = torch.randn(2, 1, model.config.hidden_size, dtype=torch.bfloat16)
+            explained = torch._dynamo.explain(mixer)(x, cache_params=cache)
+    finally:
+        replayssm.unpatch(model)
+        torch._dynamo.reset()
+    assert explained.graph_count == 1
+    assert explained.graph_break_count == 0, [str(b.reason) for b in explained.break_reasons]
