@@ -123,3 +123,24 @@ def assert_close_until_near_tie(out, ref, prompt_len: int, tol: float) -> None:
         top2 = ref.logits[first].float()[rows].topk(2, dim=-1).values
         margin = (top2[:, 0] - top2[:, 1]).max().item()
         assert margin < 2 * tol, f"step {first}: tokens differ although the reference margin was {margin}"
+
+
+def explain_decode_step(model):
+    """``torch._dynamo.explain`` of a patched model's first SSM mixer on one decode step (after a prefill of two
+    rows and a first step, which allocates the buffers), in the model's dtype."""
+    import transformers
+
+    import replayssm
+
+    prompt = torch.randint(3, 512, (2, 5), generator=torch.Generator().manual_seed(0))
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(prompt, past_key_values=cache, use_cache=True)
+        model(prompt[:, :1], past_key_values=cache, use_cache=True)
+        mixer = model.get_submodule(replayssm.find_ssm_layers(model)[0].name)
+        torch._dynamo.reset()
+        x = torch.randn(2, 1, model.config.hidden_size, dtype=model.dtype)
+        try:
+            return mixer, torch._dynamo.explain(mixer)(x, cache_params=cache)
+        finally:
+            torch._dynamo.reset()

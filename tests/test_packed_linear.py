@@ -12,7 +12,7 @@ from replayssm.patches import fused_linear, packed_linear
 from replayssm.patches import delta as D
 from replayssm.patches.packed_linear import pack_linears, packed_outputs, packed_weight, unpack_linears
 
-from helpers import tiny
+from helpers import explain_decode_step, tiny
 
 WIDTHS = (48, 24, 4, 4)  # Qwen3.5's in_proj_qkv, z, b, a in miniature
 
@@ -190,23 +190,12 @@ def test_a_packed_model_saves_and_loads_its_weights(tmp_path):
 
 def test_torch_compile_traces_a_packed_layer_without_breaks():
     """Under torch.compile a packed layer's projections are the separate calls, in one graph."""
-    import transformers
-
     model = copy.deepcopy(tiny("qwen3_5")).to(torch.bfloat16)
     replayssm.patch(model, buffer_len=4)
     try:
-        prompt = torch.randint(3, 512, (2, 5), generator=torch.Generator().manual_seed(0))
-        cache = transformers.DynamicCache(config=model.config)
-        with torch.no_grad():
-            model(prompt, past_key_values=cache, use_cache=True)
-            model(prompt[:, :1], past_key_values=cache, use_cache=True)  # allocates the buffers
-            mixer = model.get_submodule(replayssm.find_ssm_layers(model)[0].name)
-            assert packed_weight(mixer._projections(D.QWEN3_5_PROJECTIONS)) is not None
-            torch._dynamo.reset()
-            x = torch.randn(2, 1, model.config.hidden_size, dtype=torch.bfloat16)
-            explained = torch._dynamo.explain(mixer)(x, cache_params=cache)
+        mixer, explained = explain_decode_step(model)
+        assert packed_weight(mixer._projections(D.QWEN3_5_PROJECTIONS)) is not None
     finally:
         replayssm.unpatch(model)
-        torch._dynamo.reset()
     assert explained.graph_count == 1
     assert explained.graph_break_count == 0, [str(b.reason) for b in explained.break_reasons]

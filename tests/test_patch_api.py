@@ -10,8 +10,8 @@ import replayssm
 from replayssm import NoSSMLayersError, UnsupportedLayerError, ConfigError
 from replayssm.patches.cache_state import get_buffers
 
-from helpers import (assert_close_until_near_tie, generate, generate_patched, left_padded_batch, low_precision_errors,
-                     max_logit_diff, tiny)
+from helpers import (assert_close_until_near_tie, explain_decode_step, generate, generate_patched, left_padded_batch,
+                     low_precision_errors, max_logit_diff, tiny)
 
 
 def test_sampling_num_return_sequences_and_repeated_calls():
@@ -226,16 +226,8 @@ def test_decode_step_traces_without_graph_breaks(family, backend):
     model = tiny(family)
     replayssm.patch(model, buffer_len=4, backend=backend)
     try:
-        prompt = torch.randint(3, 512, (2, 5), generator=torch.Generator().manual_seed(0))
-        cache = transformers.DynamicCache(config=model.config)
-        with torch.no_grad():
-            model(prompt, past_key_values=cache, use_cache=True)
-            model(prompt[:, :1], past_key_values=cache, use_cache=True)  # allocates the buffers
-            mixer = model.get_submodule(replayssm.find_ssm_layers(model)[0].name)
-            torch._dynamo.reset()
-            explained = torch._dynamo.explain(mixer)(torch.randn(2, 1, model.config.hidden_size), cache_params=cache)
+        _, explained = explain_decode_step(model)
     finally:
         replayssm.unpatch(model)
-        torch._dynamo.reset()
     assert explained.graph_count == 1
     assert explained.graph_break_count == 0, [str(b.reason) for b in explained.break_reasons]
