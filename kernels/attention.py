@@ -18,9 +18,12 @@ per key/value head, so cuDNN's and the efficient kernels spend most of a decode 
 Here one program per (row, key/value head) holds all G query heads of its group (padded to 16 rows,
 the smallest ``tl.dot`` tile) and streams the group's K and V tiles once each: the bytes read are the
 cache's K and V and nothing else. Positions whose mask is False are never read (predicated loads),
-so the unused tail of a static cache costs no K/V bytes. Scores and the online softmax are
+and a program stops after its last kept position (found from the mask first, C bytes), so the unused
+tail of a static cache costs neither K/V bytes nor the dots on them. Scores and the online softmax are
 fp32 (exp2 with the scale folded into log2 units); P is rounded to V's dtype for the P.V product, as
-flash attention does; fp32 inputs multiply in IEEE fp32 (no TF32).
+flash attention does. fp32 inputs multiply as ``tf32x3`` (each operand split into a TF32 part and
+its TF32 remainder, three tensor-core products): errors of the size of fp32 rounding, where a plain
+TF32 product would lose 13 mantissa bits and the FMA dot of IEEE fp32 is an order of magnitude slower.
 
 Long caches with few (row, head) pairs split C over more programs (flash-decoding): each split writes
 its normalised fp32 partial output and its log2-sum-exp, and a second launch combines the splits
@@ -47,6 +50,7 @@ import triton.language as tl
 
 from .backend import num_sms, resolve_backend
 from .dependent import dependent, launch_options, start_dependent
+from .split_dot import dot_precision
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEAD_DIM = 256
@@ -124,7 +128,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, lse_ptr, scale_log2, 
                    stride_ob, stride_oh, stride_os, stride_od, stride_lb, stride_lh, stride_ls,
                    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
                    HAS_MASK: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
-                   NUM_STAGES: tl.constexpr, PDL: tl.constexpr):
+                   MASK_CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr):
     start_dependent(PDL)
     # program (b, h, s): the G query heads of key/value head h of row b, against the tiles of split s
     b = tl.program_id(0)
@@ -143,6 +147,13 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, lse_ptr, scale_log2, 
     acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
     start = s * tiles_per_split * BLOCK_N
     end = tl.minimum(start + tiles_per_split * BLOCK_N, C)
+    if HAS_MASK:  # stop after the split's last kept position: a static cache's unused tail costs no tiles
+        last = start - 1
+        for c0 in range(start, end, MASK_CHUNK):
+            c = c0 + tl.arange(0, MASK_CHUNK)
+            kept = tl.load(mask_ptr + b * stride_mb + c * stride_mc, mask=c < end, other=0) != 0
+            last = tl.maximum(last, tl.max(tl.where(kept, c, -1), axis=0))
+        end = last + 1
     for n0 in tl.range(start, end, BLOCK_N, num_stages=NUM_STAGES):
         n = n0 + tl.arange(0, BLOCK_N)
         keep = n < end
@@ -212,14 +223,15 @@ def decode_attention_triton(query, key, value, mask, scale, *, launch: DecodeLau
         dest, dest_strides, lse_strides = out, (out.stride(0), out.stride(2), 0, out.stride(3)), (0, 0, 0)
     scale = Dk ** -0.5 if scale is None else float(scale)
     pdl = dependent(query.device)
+    precision = dot_precision(None) if query.dtype == torch.float32 else "tf32"  # tf32: unused by 16-bit inputs
     _decode_kernel[(B, Hkv, splits)](
         query, key, value, m_arg, dest, lse if lse is not None else dest, scale * math.log2(math.e), C, G, Dk, Dv,
         tiles_per_split, query.stride(0), query.stride(1), query.stride(3), *key.stride(), *value.stride(),
         *m_strides, *dest_strides, *lse_strides,
         BLOCK_H=max(MIN_BLOCK_H, triton.next_power_of_2(G)), BLOCK_N=launch.block_n,
         BLOCK_DK=max(16, triton.next_power_of_2(Dk)), BLOCK_DV=max(16, triton.next_power_of_2(Dv)),
-        HAS_MASK=mask is not None, SPLIT=splits > 1, PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        NUM_STAGES=launch.num_stages, PDL=pdl, num_warps=launch.num_warps, **launch_options(pdl))
+        HAS_MASK=mask is not None, SPLIT=splits > 1, PRECISION=precision,
+        MASK_CHUNK=1024, NUM_STAGES=launch.num_stages, PDL=pdl, num_warps=launch.num_warps, **launch_options(pdl))
     if splits > 1:
         _combine_kernel[(B, Hq)](
             part, lse, out, splits, Dv, *part.stride(), *lse.stride(), out.stride(0), out.stride(2), out.stride(3),

@@ -72,7 +72,8 @@ def inputs(B, Hkv, G, C, Dk, Dv, seed=0, transposed=False):
 
 def masks(B, C, seed=0):
     """None, random holes, left padding (row b padded 5 b positions), a static cache's tail unused,
-    one mask shared by the batch, and a row with no position at all (last row)."""
+    one mask shared by the batch, a row with no position at all (last row), and a short prefix whose
+    last row keeps the cache's last position too (a kept position after a long unused run)."""
     g = torch.Generator().manual_seed(seed)
     holes = torch.rand(B, 1, 1, C, generator=g) > 0.4
     holes[..., 0] = True
@@ -81,7 +82,10 @@ def masks(B, C, seed=0):
     tail = (pos < C - 3)[None, None, None].expand(B, 1, 1, C)
     empty_row = left.clone()
     empty_row[-1] = False
-    return {"none": None, "holes": holes, "left": left, "tail": tail, "shared": holes[:1], "empty_row": empty_row}
+    prefix = (pos < min(7, C))[None, None, None].repeat(B, 1, 1, 1)
+    prefix[-1, ..., -1] = True
+    return {"none": None, "holes": holes, "left": left, "tail": tail, "shared": holes[:1], "empty_row": empty_row,
+            "prefix": prefix}
 
 
 CASES = [  # (B, Hkv, G, C, Dk, Dv, block_n, splits)
@@ -90,6 +94,7 @@ CASES = [  # (B, Hkv, G, C, Dk, Dv, block_n, splits)
     (3, 3, 1, 8, 16, 16, 16, 1),
     (2, 2, 4, 23, 32, 32, 16, 2),
     (2, 2, 1, 29, 24, 16, 16, 2),  # Kimi-like: Dk != Dv, not powers of two
+    (2, 1, 2, 1100, 16, 16, 64, 1),  # the mask read in more than one chunk before the tiles
 ]
 
 
