@@ -6,7 +6,8 @@ As PyTorch ops the window's start slot, the mark and the conv with its history a
 small launches per layer and verify round; at batch 1 inside a captured verify window they cost more
 than the conv's bytes. One program per (row, channel block) reads the row's cursor, computes the
 start slot, writes the history columns of the window, the T outputs (fp32 sums in the order of the
-one-token conv step, ``conv.conv_step_tile``) and the last K inputs as the new conv state.
+one-token conv step, ``conv.conv_step_tile``) and the last K inputs as the new conv state; ``count``
+(optional, as ``conv.conv_update``'s) advances by T in the same launch.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import triton
 import triton.language as tl
 
 from .backend import resolve_backend
+from .conv import advance_count, check_count
 from .speculation import conv_verify_reference, verify_start
 
 __all__ = ["layer_window_conv", "layer_window_conv_reference", "layer_window_conv_triton"]
@@ -26,21 +28,25 @@ _BLOCK_C = 128
 
 def layer_window_conv_reference(conv_hist: torch.Tensor, conv_state: torch.Tensor, cursor: torch.Tensor,
                                 committed: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                                bias: torch.Tensor | None, activation: str | None, ring_len: int) -> torch.Tensor:
+                                bias: torch.Tensor | None, activation: str | None, ring_len: int,
+                                count: torch.Tensor | None = None) -> torch.Tensor:
     """x (Bt, T, C) conv inputs -> (Bt, T, C) conv outputs in x's dtype; in place: each row's window of
     ``conv_hist`` (Bt, C, K + L) and ``conv_state`` (Bt, C, K) on active rows (``cursor`` (Bt,) int32
-    >= 0), and ``committed`` (Bt,) int32 lowered to the window's start slot (``verify_start`` for
-    ``ring_len`` = L). weight (C, K), bias (C,) or None, activation None or silu."""
+    >= 0), ``committed`` (Bt,) int32 lowered to the window's start slot (``verify_start`` for
+    ``ring_len`` = L), and ``count`` advanced by T. weight (C, K), bias (C,) or None, activation None or silu."""
+    if count is not None:
+        count.add_(x.shape[1])
     start = verify_start(cursor, x.shape[1], ring_len)
     committed.copy_(torch.minimum(committed, start.to(committed.dtype)))
     return conv_verify_reference(conv_hist, conv_state, start, cursor >= 0, x, weight, bias, activation)
 
 
 @triton.jit
-def _window_conv_kernel(x, weight, bias, out, hist, state, cursor, committed, T, L, C,
+def _window_conv_kernel(x, weight, bias, out, hist, state, cursor, committed, count, T, L, C,
                         x_b, x_t, x_c, h_b, h_c, h_k, s_b, s_c, s_k,
                         K: tl.constexpr, KP: tl.constexpr, BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr,
-                        SILU: tl.constexpr):
+                        SILU: tl.constexpr, HAS_COUNT: tl.constexpr):
+    advance_count(count, T, HAS_COUNT)
     b = tl.program_id(0).to(tl.int64)
     pid_c = tl.program_id(1)
     c = tl.load(cursor + b)
@@ -87,7 +93,8 @@ def _window_conv_kernel(x, weight, bias, out, hist, state, cursor, committed, T,
 
 def layer_window_conv_triton(conv_hist: torch.Tensor, conv_state: torch.Tensor, cursor: torch.Tensor,
                              committed: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                             bias: torch.Tensor | None, activation: str | None, ring_len: int) -> torch.Tensor:
+                             bias: torch.Tensor | None, activation: str | None, ring_len: int,
+                             count: torch.Tensor | None = None) -> torch.Tensor:
     """``layer_window_conv_reference`` in one launch (int32 cursors and marks; x may be strided)."""
     Bt, C, K = conv_state.shape
     T = x.shape[1]
@@ -95,17 +102,20 @@ def layer_window_conv_triton(conv_hist: torch.Tensor, conv_state: torch.Tensor, 
         raise ValueError(f"cursor and committed must be int32; got {cursor.dtype}, {committed.dtype}")
     out = torch.empty((Bt, T, C), dtype=x.dtype, device=x.device)
     if Bt == 0 or T == 0:
+        if count is not None:
+            count.add_(T)
         return out
     weight = weight.contiguous()
     _window_conv_kernel[(Bt, triton.cdiv(C, _BLOCK_C))](
-        x, weight, bias if bias is not None else weight, out, conv_hist, conv_state, cursor, committed, T, ring_len, C,
-        *x.stride(), *conv_hist.stride(), *conv_state.stride(), K=K, KP=triton.next_power_of_2(K), BLOCK_C=_BLOCK_C,
-        HAS_BIAS=bias is not None, SILU=activation in ("silu", "swish"), num_warps=4)
+        x, weight, bias if bias is not None else weight, out, conv_hist, conv_state, cursor, committed,
+        count if count is not None else cursor, T, ring_len, C, *x.stride(), *conv_hist.stride(), *conv_state.stride(),
+        K=K, KP=triton.next_power_of_2(K), BLOCK_C=_BLOCK_C, HAS_BIAS=bias is not None,
+        SILU=activation in ("silu", "swish"), HAS_COUNT=count is not None, num_warps=4)
     return out
 
 
 def layer_window_conv(conv_hist, conv_state, cursor, committed, x, weight, bias, activation, ring_len,
-                      backend: str = "auto") -> torch.Tensor:
+                      count=None, backend: str = "auto") -> torch.Tensor:
     """``layer_window_conv_reference`` on the chosen backend (``backend.py``)."""
     if activation not in (None, "silu", "swish"):
         raise ValueError(f"the window conv takes activation None, 'silu' or 'swish'; got {activation!r}")
@@ -113,8 +123,9 @@ def layer_window_conv(conv_hist, conv_state, cursor, committed, x, weight, bias,
             weight.shape) != tuple(conv_state.shape[1:]):
         raise ValueError(f"the window conv expects x (Bt, T, C) and weight (C, K) for a conv state (Bt, C, K) = "
                          f"{tuple(conv_state.shape)}; got x {tuple(x.shape)}, weight {tuple(weight.shape)}")
+    check_count(count, x.device)
     if resolve_backend(backend, x.device) == "triton":
         return layer_window_conv_triton(conv_hist, conv_state, cursor, committed, x, weight, bias, activation,
-                                        ring_len)
+                                        ring_len, count)
     return layer_window_conv_reference(conv_hist, conv_state, cursor, committed, x, weight, bias, activation,
-                                       ring_len)
+                                       ring_len, count)

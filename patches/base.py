@@ -122,6 +122,7 @@ class ReplayMixin:
             return value
 
         keep = compat.conv_state(layer)  # transformers replaces it in this prefill (recording its past)
+        compat.keep_no_state_history(layer)
         out_head = super().forward(hidden_states[:, :head], *[cut(a, 0, head) for a in args],
                                    **{k: cut(v, 0, head) for k, v in kwargs.items()})
         self._replay_ready(cache, layer, hidden_states, keep_conv=keep)
@@ -303,7 +304,9 @@ class ReplayMixin:
         backend = self.replay_options.backend
         if (self.activation in ACTIVATIONS and not torch.compiler.is_compiling()
                 and resolve_backend(backend, x.device) == "triton"):
-            return conv_update(conv_state, x, weight, self.conv1d.bias, self.activation, backend=backend)
+            return conv_update(conv_state, x, weight, self.conv1d.bias, self.activation, compat.token_count(layer),
+                               backend=backend)
+        compat.count_tokens(layer, 1)
         stock_conv = self._stock_function("causal_conv1d_update")
         if stock_conv is not None:
             return stock_conv(x[:, :, None], conv_state, weight, self.conv1d.bias, self.activation)[:, :, 0]

@@ -15,6 +15,12 @@
   step on a cache whose layers record their past (so ``speculative`` answers ``is_compileable`` as a
   non-recording layer would) and its ``StaticIndexedLayer.crop`` keeps the cropped tokens' indexer
   positions (``speculative`` crops them where the class left them).
+* 5.25 drops ``_is_stateful`` and serves assisted generation of stateful models itself: a recording
+  linear-attention layer keeps ``recurrent_states_to_keep`` recurrent states (the candidate generator's
+  ``num_drafting_tokens``) and its prefill computes them (``keep_no_state_history`` asks for none on a
+  ReplaySSM layer, which rolls back in its ring); and a linear-attention layer counts its tokens
+  (``cumulative_length_linear``, read by ``Cache.get_seq_length``; ``token_count``), which a ReplaySSM
+  step's conv launch advances and a crop moves back.
 * 5.24's assisted loop enters ``_optimize_model_for_decode`` (switching a MoE's experts to
   ``batched_mm`` and back, two walks over every module) around every verify forward; 5.17 enters it
   once around the sampling loop only. ``DECODE_SWITCH`` names that context where the class has it.
@@ -43,6 +49,12 @@ def find_cache(kwargs: dict[str, Any]):
         if cache is not None:
             return cache
     return None
+
+
+def output_cache(output):
+    """The cache a model's forward returned: ``output.cache`` (5.25), else ``output.past_key_values``."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else getattr(output, "past_key_values", None)
 
 
 def cache_layer(cache, layer_idx: int):
@@ -76,6 +88,30 @@ def conv_state(layer) -> torch.Tensor:
 
 def recurrent_state(layer) -> torch.Tensor | None:
     return layer.recurrent_states.get(0) if isinstance(layer.recurrent_states, dict) else layer.recurrent_states[0]
+
+
+def token_count(layer) -> torch.Tensor | None:
+    """The layer's own token count where transformers keeps one, else None: 5.25's linear-attention
+    layers count in ``cumulative_length_linear`` (a 0-d int64 tensor), which their conv path advances and
+    ``Cache.get_seq_length`` reads when such a layer comes first (a continued ``generate`` starts its
+    positions there). A ReplaySSM step runs its own conv, which advances it in the same launch."""
+    count = getattr(layer, "cumulative_length_linear", None)
+    return count if isinstance(count, torch.Tensor) else None
+
+
+def count_tokens(layer, n: int) -> None:
+    """Move ``token_count`` by ``n`` in place (a crop: ``-n``); nothing where the layer has none."""
+    count = token_count(layer)
+    if count is not None:
+        count.add_(n)
+
+
+def keep_no_state_history(layer) -> None:
+    """On a layer recording its past, ask transformers' own forward for no intermediate recurrent states
+    (5.25 computes ``recurrent_states_to_keep`` of them in a prefill, and fails on the None that
+    ``activate_past_recording()`` leaves without a count): a ReplaySSM layer rolls back in its ring."""
+    if getattr(layer, "recurrent_states_to_keep", 0) != 0:
+        layer.recurrent_states_to_keep = 0
 
 
 def set_recurrent_state(layer, tensor: torch.Tensor) -> None:

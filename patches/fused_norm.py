@@ -17,8 +17,8 @@ from replayssm.kernels.backend import resolve_backend
 from replayssm.kernels.norm import RMSNORM_FORMS, NormForm, gated_rmsnorm, rmsnorm
 
 _FORM_ATTR = "_replayssm_norm_form"
-_GATE_FIRST = ("MambaRMSNormGated", "BambaRMSNormGated", "GraniteMoeHybridRMSNormGated", "Zamba2RMSNormGated",
-               "NemotronHRMSNormGated")
+_GATE_FIRST = ("MambaRMSNormGated", "Mamba2RMSNormGated", "BambaRMSNormGated", "GraniteMoeHybridRMSNormGated",
+               "Zamba2RMSNormGated", "NemotronHRMSNormGated")
 _NORM_FIRST = ("Qwen3_5RMSNormGated", "Qwen3_5MoeRMSNormGated", "Qwen3NextRMSNormGated", "OlmoHybridRMSNormGated",
                "Qwen4ExpTextRMSNormGated")
 _NORM_FIRST_FP32_WEIGHT = ("KimiLinearRMSNormGated", "Glm5NextTextRMSNormGated", "BailingHybridRMSNormGated")

@@ -188,7 +188,7 @@ def _cache_tensors(cache) -> list[torch.Tensor]:
     """Every device tensor a decode step may read or write, in a fixed order."""
     found: list[torch.Tensor] = []
     for layer in getattr(cache, "layers", []):
-        for name in ("keys", "values", "cumulative_length"):
+        for name in ("keys", "values", "cumulative_length", "cumulative_length_linear"):
             value = getattr(layer, name, None)
             if isinstance(value, torch.Tensor):
                 found.append(value)

@@ -98,7 +98,7 @@ def window_conv(mixer, layer, buffers: ReplayBuffers, x: torch.Tensor) -> torch.
     t = buffers.tensors
     return layer_window_conv(t[HIST], compat.conv_state(layer), buffers.cursor, t[COMMITTED], x,
                              mixer.conv1d.weight.squeeze(1), mixer.conv1d.bias, mixer.activation, ring_len(buffers),
-                             backend=mixer.replay_options.backend)
+                             compat.token_count(layer), backend=mixer.replay_options.backend)
 
 
 def _enter_rollback_mode(mixer, layer, buffers: ReplayBuffers, L: int) -> None:
@@ -336,6 +336,7 @@ def _crop(self, tokens_to_remove: int) -> None:
     n = _crop_count(tokens_to_remove)
     if id(self) not in _ROLLED_BACK.get():  # else the cache's crop rolled it back with the others
         rollback_layer(self, n)
+    compat.count_tokens(self, -n)
     attention_crop = compat.attention_crop(original)
     if attention_crop is not None:
         attention_crop(self, tokens_to_remove)

@@ -32,6 +32,10 @@ class ScriptedDrafter(CandidateGenerator):
         self.gen = torch.Generator().manual_seed(seed)
         self.log: list[tuple[int, int]] = []
 
+    @property
+    def num_drafting_tokens(self) -> int:  # what transformers 5.25 asks a candidate generator
+        return self.max_draft
+
     def get_candidates(self, input_ids, **kwargs):
         cur = input_ids.shape[1]
         assert torch.equal(input_ids[0], self.oracle[0, :cur].to(input_ids.device)), "the target left its greedy path"

@@ -20,8 +20,8 @@ needs_triton = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and 
 needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                        reason="runs Triton on CPU tensors through the interpreter")
 
-CLASSES = [  # (module, class, constructor kwargs)
-    ("mamba2", "MambaRMSNormGated", {}),
+CLASSES = [  # (module, class (its names across transformers versions), constructor kwargs)
+    ("mamba2", ("Mamba2RMSNormGated", "MambaRMSNormGated"), {}),
     ("zamba2", "Zamba2RMSNormGated", {"group_size": 16}),
     ("qwen3_5", "Qwen3_5RMSNormGated", {}),
     ("qwen3_next", "Qwen3NextRMSNormGated", {}),
@@ -34,7 +34,7 @@ def _module(name, cls, kw, dtype):
         mod = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
     except ImportError:
         pytest.skip(f"transformers has no {name}")
-    klass = getattr(mod, cls)
+    klass = next(getattr(mod, c) for c in ((cls,) if isinstance(cls, str) else cls) if hasattr(mod, c))
     if "group_size" in inspect.signature(klass).parameters:
         kw = {"group_size": 16, **kw}
     norm = klass(64, eps=1e-6, **kw).to(dtype)

@@ -64,6 +64,26 @@ def test_generation_continues_exactly_across_repatch_and_unpatch(family, switch)
     assert max_logit_diff(out, ref) < 1e-4
 
 
+@pytest.mark.parametrize("family", KIND_FAMILIES)
+def test_the_cache_counts_its_tokens_as_stocks_does(family):
+    """``get_seq_length`` of every layer after a patched generate equals the stock model's (5.25 keeps a
+    token count in each linear-attention layer, which a continued generate starts its positions from)."""
+    model = tiny(family)
+    ids, mask = left_padded_batch(seed=5, batch=3)
+
+    def lengths():
+        cache = generate(model, ids, mask, max_new_tokens=FIRST, min_new_tokens=FIRST).past_key_values
+        return [int(layer.get_seq_length()) for layer in cache.layers if hasattr(layer, "get_seq_length")]
+
+    stock = lengths()
+    replayssm.patch(model, buffer_len=L)
+    try:
+        assert lengths() == stock
+    finally:
+        replayssm.unpatch(model)
+    assert max(stock) == ids.shape[1] + FIRST - 1  # the last token is sampled, not yet cached
+
+
 def test_state_dtype_change_carries_over():
     """bf16 checkpoint -> re-patch with the stock (fp32) checkpoint: the state comes back in fp32
     with the pending entries folded in; the continuation stays as close to stock as the bf16 part

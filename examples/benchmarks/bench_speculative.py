@@ -59,6 +59,10 @@ class OracleDrafter(CandidateGenerator):
         self.gen = torch.Generator().manual_seed(seed)
         self.rounds = self.drafted = self.agreed = 0
 
+    @property
+    def num_drafting_tokens(self) -> int:  # what transformers 5.25 asks a candidate generator
+        return self.draft
+
     def get_candidates(self, input_ids, **kwargs):
         cur = input_ids.shape[1]
         k = min(self.draft, self.oracle.shape[1] - cur - 1)

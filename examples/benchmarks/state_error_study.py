@@ -103,7 +103,7 @@ def round_states_bf16(module, args, kwargs, output) -> None:
     """Forward hook of the ``stock-bf16`` baseline: every recurrent state rounded to bf16 (kept in its dtype)."""
     from replayssm.patches import compat
 
-    for layer in getattr(output.past_key_values, "layers", []):
+    for layer in getattr(compat.output_cache(output), "layers", []):
         state = compat.recurrent_state(layer) if hasattr(layer, "recurrent_states") else None
         if state is not None and state.is_floating_point():
             state.copy_(state.to(torch.bfloat16).to(state.dtype))

@@ -4,7 +4,8 @@
 x (Bt, C) the conv inputs [q | k | v] with C = 2 Hk K + HV V (``heads`` = (Hk, K, HV, V)), conv_state
 (Bt, C, W) updated in place, conv_weight (C, W); a, b (Bt, HV); A_log, dt_bias (HV,). Returns q_n, k_n
 (Bt, Hk, K) fp32 (L2-normalised, q times ``q_scale``), v (Bt, HV, V) in x's dtype, g and beta (Bt, HV)
-fp32: what ``conv_update`` (silu), ``l2norm_qk`` and ``gdn_gates`` return in three launches (the conv
+fp32: what ``conv_update`` (silu), ``l2norm_qk`` and ``gdn_gates`` return in three launches; ``count``
+as ``conv_update``'s (the conv
 output is rounded to x's dtype before the norms, as it is between those launches; the norms' sums may
 add in another order). A decode step at batch 1 is launch-bound: one launch instead of three per layer.
 Each program owns one head's channels of one row (a q or k head: its norm needs all K of them), and
@@ -17,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..conv import conv_step_tile, conv_update_reference
+from ..conv import advance_count, check_count, conv_step_tile, conv_update_reference
 from ..dependent import dependent, launch_options, start_dependent
 from .gdn_gates import gate_values, gdn_gates_reference
 from .reference import l2norm_qk_reference
@@ -33,9 +34,9 @@ def _split(out: torch.Tensor, heads: tuple[int, int, int, int]):
 
 
 def gdn_prologue_reference(conv_state, x, conv_weight, conv_bias, a, b, A_log, dt_bias, heads, q_scale,
-                           beta_scale=1.0, eps=1e-6):
+                           beta_scale=1.0, eps=1e-6, count=None):
     """PyTorch reference of ``gdn_prologue`` (the CPU path): the three steps it fuses."""
-    q, k, v = _split(conv_update_reference(conv_state, x, conv_weight, conv_bias, "silu"), heads)
+    q, k, v = _split(conv_update_reference(conv_state, x, conv_weight, conv_bias, "silu", count), heads)
     qn, kn = l2norm_qk_reference(q, k, q_scale, eps)
     g, beta = gdn_gates_reference(a, b, A_log, dt_bias, beta_scale)
     return qn, kn, v.contiguous(), g, beta
@@ -43,11 +44,12 @@ def gdn_prologue_reference(conv_state, x, conv_weight, conv_bias, a, b, A_log, d
 
 @triton.jit
 def _gdn_prologue_kernel(state_ptr, x_ptr, w_ptr, bias_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, qn_ptr, kn_ptr, v_ptr,
-                         g_ptr, beta_ptr, stride_sb, stride_sc, stride_sk, stride_xb, stride_xc, stride_a, stride_b,
+                         g_ptr, beta_ptr, count_ptr, stride_sb, stride_sc, stride_sk, stride_xb, stride_xc, stride_a, stride_b,
                          q_scale, beta_scale, eps, Hk, HV, K: tl.constexpr, V: tl.constexpr, W: tl.constexpr,
                          WP: tl.constexpr, BC: tl.constexpr, BH: tl.constexpr, HAS_BIAS: tl.constexpr,
-                         PDL: tl.constexpr):
+                         HAS_COUNT: tl.constexpr, PDL: tl.constexpr):
     start_dependent(PDL)
+    advance_count(count_ptr, 1, HAS_COUNT)
     row = tl.program_id(0)
     j = tl.program_id(1)  # q heads, k heads, v heads, then the gates
     lanes = tl.arange(0, BC)
@@ -79,7 +81,7 @@ def _gdn_prologue_kernel(state_ptr, x_ptr, w_ptr, bias_ptr, a_ptr, b_ptr, alog_p
 
 
 def gdn_prologue_triton(conv_state, x, conv_weight, conv_bias, a, b, A_log, dt_bias, heads, q_scale, beta_scale=1.0,
-                        eps=1e-6):
+                        eps=1e-6, count=None):
     """Triton ``gdn_prologue`` (one launch; no checks beyond the wrapper's)."""
     Hk, K, HV, V = heads
     batch, _, width = conv_state.shape
@@ -90,6 +92,8 @@ def gdn_prologue_triton(conv_state, x, conv_weight, conv_bias, a, b, A_log, dt_b
     g = torch.empty((batch, HV), dtype=torch.float32, device=dev)
     beta = torch.empty_like(g)
     if batch == 0:
+        if count is not None:
+            count.add_(1)
         return qn, kn, v, g, beta
     if a.stride(-1) != 1 or b.stride(-1) != 1:
         a, b = a.contiguous(), b.contiguous()
@@ -98,15 +102,16 @@ def gdn_prologue_triton(conv_state, x, conv_weight, conv_bias, a, b, A_log, dt_b
     pdl = dependent(dev)
     _gdn_prologue_kernel[(batch, 2 * Hk + HV + 1)](
         conv_state, x, weight, conv_bias if conv_bias is not None else weight, a, b, A_log, dt_bias, qn, kn, v, g,
-        beta, *conv_state.stride(), *x.stride(), a.stride(0), b.stride(0), float(q_scale), float(beta_scale),
+        beta, count if count is not None else g, *conv_state.stride(), *x.stride(), a.stride(0), b.stride(0), float(q_scale), float(beta_scale),
         float(eps), Hk, HV, K=K, V=V, W=width, WP=triton.next_power_of_2(width), BC=block,
-        BH=triton.next_power_of_2(HV), HAS_BIAS=conv_bias is not None, PDL=pdl, num_warps=4,
+        BH=triton.next_power_of_2(HV), HAS_BIAS=conv_bias is not None, HAS_COUNT=count is not None, PDL=pdl,
+        num_warps=4,
         **launch_options(pdl))
     return qn, kn, v, g, beta
 
 
 def gdn_prologue(conv_state, x, conv_weight, conv_bias, a, b, A_log, dt_bias, heads, q_scale, beta_scale=1.0,
-                 eps=1e-6, *, backend: str = "auto"):
+                 eps=1e-6, count=None, *, backend: str = "auto"):
     """The prologue of one Gated DeltaNet decode step (see the module notes); dispatches on ``backend``."""
     from ..backend import resolve_backend
 
@@ -119,8 +124,9 @@ def gdn_prologue(conv_state, x, conv_weight, conv_bias, a, b, A_log, dt_bias, he
     if a.shape != (x.shape[0], HV) or b.shape != a.shape or A_log.shape != (HV,) or dt_bias.shape != (HV,):
         raise ValueError(f"gdn_prologue expects a, b ({x.shape[0]}, {HV}) and A_log, dt_bias ({HV},); got "
                          f"{tuple(a.shape)}, {tuple(b.shape)}, {tuple(A_log.shape)}, {tuple(dt_bias.shape)}")
+    check_count(count, x.device)
     if not torch.compiler.is_compiling() and resolve_backend(backend, x.device) == "triton":
         return gdn_prologue_triton(conv_state, x, conv_weight, conv_bias, a, b, A_log, dt_bias, heads, q_scale,
-                                   beta_scale, eps)
+                                   beta_scale, eps, count)
     return gdn_prologue_reference(conv_state, x, conv_weight, conv_bias, a, b, A_log, dt_bias, heads, q_scale,
-                                  beta_scale, eps)
+                                  beta_scale, eps, count)

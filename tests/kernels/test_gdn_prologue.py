@@ -29,8 +29,10 @@ def _inputs(batch, heads, width, dtype, bias, seed=0):
 def test_kernel_matches_the_three_steps(heads, width, bias):
     args = _inputs(3, heads, width, torch.float32, bias)
     state_ref = args["conv_state"].clone()
-    want = gdn_prologue_reference(**{**args, "conv_state": state_ref})
-    got = gdn_prologue_triton(**args)
+    counts = [torch.tensor(7, device=DEV) for _ in range(2)]  # the token count, advanced by one
+    want = gdn_prologue_reference(**{**args, "conv_state": state_ref}, count=counts[0])
+    got = gdn_prologue_triton(**args, count=counts[1])
+    assert [int(c) for c in counts] == [8, 8]
     for name, w, o in zip(("q_n", "k_n", "v", "g", "beta"), want, got):
         assert o.shape == w.shape and o.dtype == w.dtype, name
         torch.testing.assert_close(o, w, rtol=1e-5, atol=1e-6, msg=name)

@@ -39,7 +39,9 @@ def test_conv_update_matches_conv1d(backend, batch, channels, width, strided, bi
     b = b if bias else None
     x_before = x.clone()
     want, window = _oracle(state, x, weight, b, activation)
-    got = conv_update(state, x, weight, b, activation, backend=backend)
+    count = torch.tensor(5, device=device)  # a cache layer's token count, advanced in the same launch
+    got = conv_update(state, x, weight, b, activation, count, backend=backend)
+    assert int(count) == 6
     assert got.dtype == x.dtype and got.shape == (batch, channels)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
     assert torch.equal(state, window.to(state.dtype)), "the state must hold the last K inputs"
@@ -52,6 +54,8 @@ def test_conv_update_rejects_bad_shapes():
         conv_update(state, x[:, :4], weight, b, "silu", backend="torch")
     with pytest.raises(ValueError, match="activation"):
         conv_update(state, x, weight, b, "gelu", backend="torch")
+    with pytest.raises(ValueError, match=r"count must be None or a 0-d int64 tensor on cpu; got torch.int32 \(\)"):
+        conv_update(state, x, weight, b, "silu", torch.tensor(0, dtype=torch.int32), backend="torch")
 
 
 def test_reference_rounds_once_in_low_precision():

@@ -43,8 +43,10 @@ def test_window_conv_matches_reference(T, C, K, strided, bias, activation):
     b = b if bias else None
     x_before = x.clone()
     ref = [t.clone() for t in (hist, state, committed)]
-    want = layer_window_conv_reference(ref[0], ref[1], cursor, ref[2], x, w, b, activation, L)
-    out = layer_window_conv_triton(hist, state, cursor, committed, x, w, b, activation, L)
+    counts = [torch.tensor(3, device=x.device) for _ in range(2)]  # the token count, advanced by T
+    want = layer_window_conv_reference(ref[0], ref[1], cursor, ref[2], x, w, b, activation, L, counts[0])
+    out = layer_window_conv_triton(hist, state, cursor, committed, x, w, b, activation, L, counts[1])
+    assert [int(c) for c in counts] == [3 + T, 3 + T]
     torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(hist, ref[0], rtol=0, atol=0, equal_nan=True)  # copies: exact, NaN where unwritten
     torch.testing.assert_close(state, ref[1], rtol=0, atol=0)
@@ -79,5 +81,7 @@ def test_bad_input_is_refused():
         layer_window_conv(hist, state, cursor, committed, x, w, b, "gelu", 8)
     with pytest.raises(ValueError, match=r"expects x \(Bt, T, C\) and weight \(C, K\)"):
         layer_window_conv(hist, state, cursor, committed, x[:, :, :4], w, b, "silu", 8)
+    with pytest.raises(ValueError, match=r"count must be None or a 0-d int64 tensor on cpu; got torch.int64 \(1,\)"):
+        layer_window_conv(hist, state, cursor, committed, x, w, b, "silu", 8, torch.zeros(1, dtype=torch.int64))
     with pytest.raises(ValueError, match="must be int32"):
         layer_window_conv_triton(hist, state, cursor.long(), committed, x, w, b, "silu", 8)
