@@ -4,12 +4,11 @@
 x (Bt, C) the conv inputs [q | k | v] with C = 2 Hk K + HV V (``heads`` = (Hk, K, HV, V)), conv_state
 (Bt, C, W) updated in place, conv_weight (C, W); a, b (Bt, HV); A_log, dt_bias (HV,). Returns q_n, k_n
 (Bt, Hk, K) fp32 (L2-normalised, q times ``q_scale``), v (Bt, HV, V) in x's dtype, g and beta (Bt, HV)
-fp32: what ``conv_update`` (silu), ``l2norm_qk`` and ``gdn_gates`` return in three launches; ``count``
-as ``conv_update``'s (the conv
+fp32: what ``conv_update`` (silu), ``l2norm_qk`` and ``gdn_gates`` return in three launches (the conv
 output is rounded to x's dtype before the norms, as it is between those launches; the norms' sums may
-add in another order). A decode step at batch 1 is launch-bound: one launch instead of three per layer.
-Each program owns one head's channels of one row (a q or k head: its norm needs all K of them), and
-one more program per row computes the gates.
+add in another order); ``count`` as ``conv_update``'s. A decode step at batch 1 is launch-bound: one
+launch instead of three per layer. Each program owns one head's channels of one row (a q or k head: its
+norm needs all K of them), and one more program per row computes the gates.
 """
 
 from __future__ import annotations
@@ -44,7 +43,8 @@ def gdn_prologue_reference(conv_state, x, conv_weight, conv_bias, a, b, A_log, d
 
 @triton.jit
 def _gdn_prologue_kernel(state_ptr, x_ptr, w_ptr, bias_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, qn_ptr, kn_ptr, v_ptr,
-                         g_ptr, beta_ptr, count_ptr, stride_sb, stride_sc, stride_sk, stride_xb, stride_xc, stride_a, stride_b,
+                         g_ptr, beta_ptr, count_ptr, stride_sb, stride_sc, stride_sk, stride_xb, stride_xc,
+                         stride_a, stride_b,
                          q_scale, beta_scale, eps, Hk, HV, K: tl.constexpr, V: tl.constexpr, W: tl.constexpr,
                          WP: tl.constexpr, BC: tl.constexpr, BH: tl.constexpr, HAS_BIAS: tl.constexpr,
                          HAS_COUNT: tl.constexpr, PDL: tl.constexpr):
@@ -102,11 +102,10 @@ def gdn_prologue_triton(conv_state, x, conv_weight, conv_bias, a, b, A_log, dt_b
     pdl = dependent(dev)
     _gdn_prologue_kernel[(batch, 2 * Hk + HV + 1)](
         conv_state, x, weight, conv_bias if conv_bias is not None else weight, a, b, A_log, dt_bias, qn, kn, v, g,
-        beta, count if count is not None else g, *conv_state.stride(), *x.stride(), a.stride(0), b.stride(0), float(q_scale), float(beta_scale),
-        float(eps), Hk, HV, K=K, V=V, W=width, WP=triton.next_power_of_2(width), BC=block,
-        BH=triton.next_power_of_2(HV), HAS_BIAS=conv_bias is not None, HAS_COUNT=count is not None, PDL=pdl,
-        num_warps=4,
-        **launch_options(pdl))
+        beta, count if count is not None else g, *conv_state.stride(), *x.stride(), a.stride(0), b.stride(0),
+        float(q_scale), float(beta_scale), float(eps), Hk, HV, K=K, V=V, W=width, WP=triton.next_power_of_2(width),
+        BC=block, BH=triton.next_power_of_2(HV), HAS_BIAS=conv_bias is not None, HAS_COUNT=count is not None,
+        PDL=pdl, num_warps=4, **launch_options(pdl))
     return qn, kn, v, g, beta
 
 
