@@ -21,7 +21,8 @@ _GATE_FIRST = ("MambaRMSNormGated", "Mamba2RMSNormGated", "BambaRMSNormGated", "
                "Zamba2RMSNormGated", "NemotronHRMSNormGated")
 _NORM_FIRST = ("Qwen3_5RMSNormGated", "Qwen3_5MoeRMSNormGated", "Qwen3NextRMSNormGated", "OlmoHybridRMSNormGated",
                "Qwen4ExpTextRMSNormGated")
-_NORM_FIRST_FP32_WEIGHT = ("KimiLinearRMSNormGated", "Glm5NextTextRMSNormGated", "BailingHybridRMSNormGated")
+_NORM_FIRST_FP32_WEIGHT = ("KimiLinearRMSNormGated", "Glm5NextTextRMSNormGated", "BailingHybridRMSNormGated",
+                           "LaraMiniRMSNormGated")
 
 
 def norm_form(norm: torch.nn.Module) -> NormForm | None:

@@ -115,7 +115,7 @@ def _gdn_buffers(s: Shapes, batch: int, L: int, act) -> BufferSpecs:
 GATED_DELTANET = LayerKind(
     name="gated_deltanet", label="Gated DeltaNet", short="GDN",
     mixer_classes=("Qwen3NextGatedDeltaNet", "Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet",
-                   "Qwen4ExpTextGatedDeltaNet", "OlmoHybridGatedDeltaNet"),
+                   "Qwen4ExpTextGatedDeltaNet", "OlmoHybridGatedDeltaNet", "LaraMiniGatedDeltaNet"),
     signature=lambda m: _has(m, "A_log", "dt_bias") and (
         _has(m, "in_proj_qkvz") or _has(m, "in_proj_qkv") or _has(m, "q_proj", "a_proj", "b_proj")),
     shapes=lambda m: {"num_k_heads": _int(m, "num_k_heads"), "num_v_heads": _int(m, "num_v_heads"),

@@ -147,6 +147,13 @@ def _qwen4_exp():
                 indexer_compress_ratio=4)
 
 
+@declare_family("lara_mini", "gated_deltanet", ssm_layers=3)
+def _lara_mini():  # transformers 5.25+; its sliding-window attention layer stays on sdpa
+    return _cfg("LaraMiniConfig", num_hidden_layers=5, **_ATT, **_GDN, **_MOE, sliding_window=8,
+                layer_types=["linear_attention", "sliding_attention", "linear_attention", "full_attention",
+                             "linear_attention"])
+
+
 @declare_family("olmo_hybrid", "gated_deltanet", ssm_layers=3)
 def _olmo_hybrid():
     return _cfg("OlmoHybridConfig", intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
