@@ -25,7 +25,10 @@ included. ``round_ms``: a verify round by the same difference; ``forward_ms``: t
 forward, the loop's host work the GPU waits for; ``host_launch_us`` (in the header): how fast this host
 issues eager launches, to compare machines. ``--profile N`` (CUDA graphs): for the first ``--accept`` value,
 ``profile_generate.py``'s figures per verify round (device-busy time, kernels, the N largest kernels and
-host operators) from one more run. Writes ``speculative.json`` / ``speculative.md`` to ``--out``.
+host operators) from one more run. ``--stock``: rows of the unpatched model too (eager), its plain decoding
+and, on transformers 5.25+ (which serves assisted decoding of these models by copying every layer's recurrent
+state per drafted token), the oracle drafter: the speculative decoding a user gets without ReplaySSM.
+Writes ``speculative.json`` / ``speculative.md`` to ``--out``.
 
     python examples/benchmarks/bench_speculative.py --preset nemotron3-nano-like --accept 1,0.75,0.5,0.25,0
     python examples/benchmarks/bench_speculative.py --smoke      # tiny model, any machine
@@ -231,6 +234,42 @@ def _window_replays(model) -> int:
     return sum(r.get("window_replays", 0) for r in replayssm.graph_report(model))
 
 
+def settle_oracle(model, ids, args, plain, accept, vocab):
+    """The oracle for ``accept``: from the plain continuation, each run's output is the next oracle until a
+    run reproduces its own (module notes); returns (oracle, runs)."""
+    oracle, runs = plain, 0
+    while True:  # (this also captures the window graphs)
+        out, _, _ = _speculative(model, ids, args.new_tokens, args.draft, oracle, accept, vocab)
+        runs += 1
+        if torch.equal(out, oracle) or runs == args.max_oracle_runs:
+            return oracle, runs
+        oracle = out
+
+
+def stock_rows(model, ids, args, vocab, timed_pair) -> list[dict]:
+    """The unpatched model, eager: plain greedy decoding and, where this transformers serves assisted decoding
+    of a stateful model itself (5.25+: it copies every layer's recurrent state per drafted token), the oracle
+    drafter at the first --accept value."""
+    long, brief = timed_pair(lambda n: _timed(lambda: _greedy(model, ids, n)))
+    plain = long[0]
+    rows = [dict(mode="plain, stock transformers, eager", accept=None, tokens_per_s=_decode_rate(long, brief),
+                 e2e_tokens_per_s=_rate(plain, ids, long[1]), same_as_plain=True)]
+    if getattr(type(model), "_is_stateful", False):
+        print(f"bench_speculative.py: transformers {transformers.__version__} refuses assisted decoding of the "
+              "stock model; no stock oracle row", file=sys.stderr)
+        return rows
+    accept = args.accept[0]
+    oracle, runs = settle_oracle(model, ids, args, plain, accept, vocab)
+    long, brief = timed_pair(lambda n: _speculative(model, ids, n, args.draft, oracle, accept, vocab))
+    out, drafter = long[0], long[2]
+    rows.append(dict(mode=f"oracle drafter, {args.draft} per round, stock transformers, eager", accept=accept,
+                     tokens_per_s=_decode_rate(long, brief), e2e_tokens_per_s=_rate(out, ids, long[1]),
+                     rounds=drafter.rounds, acceptance=round(drafter.agreed / max(drafter.drafted, 1), 3),
+                     oracle_runs=runs, settled=bool(torch.equal(out, oracle)),
+                     same_as_plain=bool(torch.equal(out, plain))))
+    return rows
+
+
 def run(model, ids, args) -> list[dict]:
     new, short, rows = args.new_tokens, args.short_tokens, []
     vocab = model.config.get_text_config().vocab_size
@@ -250,13 +289,7 @@ def run(model, ids, args) -> list[dict]:
     replayssm.patch(model, buffer_len=args.buffer_len, cuda_graphs=graphs)
     suffix = ", CUDA graphs" if graphs else ", eager"
     for accept in args.accept:
-        oracle, runs = plain, 0
-        while True:  # until a run reproduces its oracle (which also captures the window graphs)
-            out, _, _ = _speculative(model, ids, new, args.draft, oracle, accept, vocab)
-            runs += 1
-            if torch.equal(out, oracle) or runs == args.max_oracle_runs:
-                break
-            oracle = out
+        oracle, runs = settle_oracle(model, ids, args, plain, accept, vocab)
         long, brief = timed_pair(lambda n: _speculative(model, ids, n, args.draft, oracle, accept, vocab))
         out, drafter = long[0], long[2]
         clocks, replays = [], _window_replays(model)
@@ -297,11 +330,13 @@ def run(model, ids, args) -> list[dict]:
         if ref_brief is not None:
             row["plain_tokens_per_s"] = _decode_rate(ref_long, ref_brief)
         rows.append(row)
+    replayssm.unpatch(model)
+    if args.stock:
+        rows += stock_rows(model, ids, args, vocab, timed_pair)
     base = rows[1 if ids.is_cuda else 0]  # the best plain decoding: the speculative rows decode the same way
     for row in rows:
         row["vs_plain"] = round(row["tokens_per_s"] / base["tokens_per_s"], 3)
         row["e2e_vs_plain"] = round(row["e2e_tokens_per_s"] / base["e2e_tokens_per_s"], 3)
-    replayssm.unpatch(model)
     return rows
 
 
@@ -323,6 +358,9 @@ def main(argv=None) -> int:
                     help="also profile the verify rounds of the first --accept value, listing N kernels")
     ap.add_argument("--draft-model", choices=("llama-2x512", "none"), default="llama-2x512",
                     help="the draft model of the assistant_model row (none: no such row)")
+    ap.add_argument("--stock", action="store_true",
+                    help="also the unpatched model, eager: plain decoding and (transformers 5.25+, which copies "
+                         "the recurrent states) the oracle drafter at the first --accept value")
     ap.add_argument("--smoke", action="store_true", help="tiny:nemotron_h on this machine, few tokens")
     args = ap.parse_args(argv)
     try:

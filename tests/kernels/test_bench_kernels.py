@@ -159,13 +159,18 @@ def test_speculative_benchmark_smoke_run(tmp_path):
     """examples/benchmarks/bench_speculative.py --smoke: an oracle drafter at every acceptance rate and
     prompt lookup reproduce plain greedy decoding; acceptance 1 accepts every draft, 0 none."""
     script = str(ROOT / "examples" / "benchmarks" / "bench_speculative.py")
-    proc = subprocess.run([sys.executable, script, "--smoke", "--accept", "1,0.5,0", "--out", str(tmp_path)],
-                          capture_output=True, text=True, env=ENV, timeout=600)
+    proc = subprocess.run([sys.executable, script, "--smoke", "--accept", "1,0.5,0", "--stock", "--out",
+                           str(tmp_path)], capture_output=True, text=True, env=ENV, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads((tmp_path / "speculative.json").read_text())
-    rows = data["rows"]
+    rows, stock = data["rows"][:6], data["rows"][6:]
     assert [r["mode"] for r in rows] == ["plain, eager"] + ["oracle drafter, 4 per round, eager"] * 3 + [
         "prompt lookup, repeating prompt, eager", "draft model (Llama, 2 layers, hidden 512, random), eager"]
+    major, minor = (int(p) for p in data["meta"]["transformers"].split(".")[:2])
+    stateful = (major, minor) < (5, 25)  # transformers up to 5.24 refuses assisted decoding of the stock model
+    assert [r["mode"] for r in stock] == ["plain, stock transformers, eager"] + (
+        [] if stateful else ["oracle drafter, 4 per round, stock transformers, eager"])
+    assert all(r["same_as_plain"] for r in stock) and (stateful or stock[1]["acceptance"] == 1.0)
     assert all(r["same_as_plain"] and r["tokens_per_s"] > 0 and r["e2e_tokens_per_s"] > 0 for r in rows)
     for r in rows[1:4]:  # fp32: the plain continuation is the speculative one; every round timed in parts
         assert r["oracle_runs"] == 1 and r["settled"] and r["forward_ms"] > 0 and r["round_ms"] > 0
