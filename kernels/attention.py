@@ -57,6 +57,8 @@ MAX_HEAD_DIM = 256
 MAX_GROUP = 64
 #: smallest M tile of ``tl.dot``: a group of fewer query heads is padded to it
 MIN_BLOCK_H = 16
+#: mask positions a program reads at once while looking for its last kept position
+MASK_CHUNK = 1024
 
 
 def decode_attention_reference(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -231,7 +233,7 @@ def decode_attention_triton(query, key, value, mask, scale, *, launch: DecodeLau
         BLOCK_H=max(MIN_BLOCK_H, triton.next_power_of_2(G)), BLOCK_N=launch.block_n,
         BLOCK_DK=max(16, triton.next_power_of_2(Dk)), BLOCK_DV=max(16, triton.next_power_of_2(Dv)),
         HAS_MASK=mask is not None, SPLIT=splits > 1, PRECISION=precision,
-        MASK_CHUNK=1024, NUM_STAGES=launch.num_stages, PDL=pdl, num_warps=launch.num_warps, **launch_options(pdl))
+        MASK_CHUNK=MASK_CHUNK, NUM_STAGES=launch.num_stages, PDL=pdl, num_warps=launch.num_warps, **launch_options(pdl))
     if splits > 1:
         _combine_kernel[(B, Hq)](
             part, lse, out, splits, Dv, *part.stride(), *lse.stride(), out.stride(0), out.stride(2), out.stride(3),

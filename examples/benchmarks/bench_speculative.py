@@ -234,40 +234,45 @@ def _window_replays(model) -> int:
     return sum(r.get("window_replays", 0) for r in replayssm.graph_report(model))
 
 
-def settle_oracle(model, ids, args, plain, accept, vocab):
-    """The oracle for ``accept``: from the plain continuation, each run's output is the next oracle until a
-    run reproduces its own (module notes); returns (oracle, runs)."""
+def plain_row(model, ids, mode, timed_pair):
+    """Plain greedy decoding of ``model`` as it is now: (its row, the long run's output, the timed pair)."""
+    long, brief = timed_pair(lambda n: _timed(lambda: _greedy(model, ids, n)))
+    row = dict(mode=mode, accept=None, tokens_per_s=_decode_rate(long, brief),
+               e2e_tokens_per_s=_rate(long[0], ids, long[1]), same_as_plain=True)
+    return row, long[0]
+
+
+def oracle_row(model, ids, args, vocab, timed_pair, plain, accept, mode):
+    """The oracle drafter at ``accept``: its oracle settled (from the plain continuation, each run's output is
+    the next oracle until a run reproduces its own: module notes; this also captures the window graphs),
+    then timed. Returns (row, oracle, long, brief)."""
     oracle, runs = plain, 0
-    while True:  # (this also captures the window graphs)
+    while True:
         out, _, _ = _speculative(model, ids, args.new_tokens, args.draft, oracle, accept, vocab)
         runs += 1
         if torch.equal(out, oracle) or runs == args.max_oracle_runs:
-            return oracle, runs
+            break
         oracle = out
+    long, brief = timed_pair(lambda n: _speculative(model, ids, n, args.draft, oracle, accept, vocab))
+    out, drafter = long[0], long[2]
+    row = dict(mode=mode, accept=accept, tokens_per_s=_decode_rate(long, brief),
+               e2e_tokens_per_s=_rate(out, ids, long[1]), rounds=drafter.rounds,
+               acceptance=round(drafter.agreed / max(drafter.drafted, 1), 3), oracle_runs=runs,
+               settled=bool(torch.equal(out, oracle)), same_as_plain=bool(torch.equal(out, plain)))
+    return row, oracle, long, brief
 
 
 def stock_rows(model, ids, args, vocab, timed_pair) -> list[dict]:
     """The unpatched model, eager: plain greedy decoding and, where this transformers serves assisted decoding
     of a stateful model itself (5.25+: it copies every layer's recurrent state per drafted token), the oracle
     drafter at the first --accept value."""
-    long, brief = timed_pair(lambda n: _timed(lambda: _greedy(model, ids, n)))
-    plain = long[0]
-    rows = [dict(mode="plain, stock transformers, eager", accept=None, tokens_per_s=_decode_rate(long, brief),
-                 e2e_tokens_per_s=_rate(plain, ids, long[1]), same_as_plain=True)]
+    row, plain = plain_row(model, ids, "plain, stock transformers, eager", timed_pair)
     if getattr(type(model), "_is_stateful", False):
         print(f"bench_speculative.py: transformers {transformers.__version__} refuses assisted decoding of the "
               "stock model; no stock oracle row", file=sys.stderr)
-        return rows
-    accept = args.accept[0]
-    oracle, runs = settle_oracle(model, ids, args, plain, accept, vocab)
-    long, brief = timed_pair(lambda n: _speculative(model, ids, n, args.draft, oracle, accept, vocab))
-    out, drafter = long[0], long[2]
-    rows.append(dict(mode=f"oracle drafter, {args.draft} per round, stock transformers, eager", accept=accept,
-                     tokens_per_s=_decode_rate(long, brief), e2e_tokens_per_s=_rate(out, ids, long[1]),
-                     rounds=drafter.rounds, acceptance=round(drafter.agreed / max(drafter.drafted, 1), 3),
-                     oracle_runs=runs, settled=bool(torch.equal(out, oracle)),
-                     same_as_plain=bool(torch.equal(out, plain))))
-    return rows
+        return [row]
+    mode = f"oracle drafter, {args.draft} per round, stock transformers, eager"
+    return [row, oracle_row(model, ids, args, vocab, timed_pair, plain, args.accept[0], mode)[0]]
 
 
 def run(model, ids, args) -> list[dict]:
@@ -280,18 +285,15 @@ def run(model, ids, args) -> list[dict]:
 
     for graphs in ([False, True] if ids.is_cuda else [False]):
         replayssm.patch(model, buffer_len=args.buffer_len, cuda_graphs=graphs)
-        long, brief = timed_pair(lambda n: _timed(lambda: _greedy(model, ids, n)))
-        rows.append(dict(mode="plain, CUDA graphs" if graphs else "plain, eager", accept=None,
-                         tokens_per_s=_decode_rate(long, brief),
-                         e2e_tokens_per_s=_rate(long[0], ids, long[1]), same_as_plain=True))
-        plain = long[0]
+        row, plain = plain_row(model, ids, "plain, CUDA graphs" if graphs else "plain, eager", timed_pair)
+        rows.append(row)
     graphs = ids.is_cuda  # (their windows in CUDA graphs)
     replayssm.patch(model, buffer_len=args.buffer_len, cuda_graphs=graphs)
     suffix = ", CUDA graphs" if graphs else ", eager"
     for accept in args.accept:
-        oracle, runs = settle_oracle(model, ids, args, plain, accept, vocab)
-        long, brief = timed_pair(lambda n: _speculative(model, ids, n, args.draft, oracle, accept, vocab))
-        out, drafter = long[0], long[2]
+        row, oracle, long, brief = oracle_row(model, ids, args, vocab, timed_pair, plain, accept,
+                                              f"oracle drafter, {args.draft} per round{suffix}")
+        drafter = long[2]
         clocks, replays = [], _window_replays(model)
         for _ in range(args.reps):
             with ForwardClock(model) as clock:
@@ -306,12 +308,7 @@ def run(model, ids, args) -> list[dict]:
             profiled = profile_steps(model, ids, top=args.profile, run=lambda: _speculative(
                 model, ids, new, args.draft, oracle, accept, vocab))
             print(json.dumps({"profile_per_round": profiled, "accept": accept}), flush=True)
-        rows.append(dict(mode=f"oracle drafter, {args.draft} per round{suffix}", accept=accept,
-                         tokens_per_s=_decode_rate(long, brief), e2e_tokens_per_s=_rate(out, ids, long[1]),
-                         rounds=drafter.rounds, acceptance=round(drafter.agreed / max(drafter.drafted, 1), 3),
-                         oracle_runs=runs, settled=bool(torch.equal(out, oracle)),
-                         same_as_plain=bool(torch.equal(out, plain)), window_replays=replays,
-                         round_ms=round(round_ms, 3), forward_ms=round(forward_ms, 3),
+        rows.append(dict(row, window_replays=replays, round_ms=round(round_ms, 3), forward_ms=round(forward_ms, 3),
                          host_ms=round(round_ms - forward_ms, 3)))
     repeating = ids[:, : max(ids.shape[1] // 4, 2)].repeat(1, 4)
     plain_long, plain_brief = timed_pair(lambda n: _timed(lambda: _greedy(model, repeating, n)))
