@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["conv_rollback_reference", "conv_verify_reference", "rollback_cursor_reference", "verify_start"]
+__all__ = ["conv_rollback_reference", "conv_verify_reference", "flush_first_counts", "rollback_cursor_reference",
+           "verify_start"]
 
 
 def verify_start(cursor: torch.Tensor, T: int, L: int) -> torch.Tensor:
@@ -29,6 +30,12 @@ def verify_start(cursor: torch.Tensor, T: int, L: int) -> torch.Tensor:
     flush first and on idle rows)."""
     flush = (cursor + T > L) | (cursor < 0)
     return torch.where(flush, torch.zeros_like(cursor), cursor).long()
+
+
+def flush_first_counts(cursor: torch.Tensor, T: int, L: int) -> torch.Tensor:
+    """(Bt,) in the cursor's dtype: the ring entries each row folds into its checkpoint before a
+    T-token window (its cursor where ``c + T > L``, else 0; idle rows 0)."""
+    return torch.where((cursor > 0) & (cursor + T > L), cursor, torch.zeros_like(cursor))
 
 
 def _window_columns(start: torch.Tensor, width: int, C: int) -> torch.Tensor:

@@ -73,9 +73,11 @@ class _DeltaReplayMixin(ReplayMixin):
         qn, kn = l2norm_qk(q.reshape(batch * T, *q.shape[2:]), k.reshape(batch * T, *k.shape[2:]),
                            q.shape[-1] ** -0.5, backend=backend)
         qn, kn = qn.view(q.shape), kn.view(k.shape)
-        if window:  # plain checkpoints only (speculative.py)
-            return delta_replay_verify(qn, kn, v, g, beta, compat.recurrent_state(layer), t["u_buf"], t["k_buf"],
-                                       t["g_buf"], buffers.cursor, backend=backend)
+        if window:
+            state = compat.recurrent_state(layer)
+            scale, rng = kernel_args(t, state)
+            return delta_replay_verify(qn, kn, v, g, beta, state, t["u_buf"], t["k_buf"], t["g_buf"], buffers.cursor,
+                                       state_scale=scale, state_rng=rng, backend=backend)
         return self._decode(layer, buffers, *(a[:, 0] for a in (qn, kn, v, g, beta)))[:, None]
 
     def _decode(self, layer, buffers, qn, kn, v, g, beta):

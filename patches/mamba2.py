@@ -72,9 +72,10 @@ class ReplayMamba2Mixer(ReplayMixin):
                 Cm.reshape(batch, T, G, N))
         backend = self.replay_options.backend
         state = compat.recurrent_state(layer)
-        if window:  # speculative verify of T tokens (plain checkpoints only: speculative.py)
-            y = mamba2_replay_verify(*args, state, t["x_buf"], t["dt_buf"], t["B_buf"],
-                                     buffers.cursor, A, self.dt_bias, self.D, z, True, backend=backend)
+        if window:  # speculative verify of T tokens (speculative.py)
+            scale, rng = kernel_args(t, state)
+            y = mamba2_replay_verify(*args, state, t["x_buf"], t["dt_buf"], t["B_buf"], buffers.cursor, A,
+                                     self.dt_bias, self.D, z, True, state_scale=scale, state_rng=rng, backend=backend)
         else:
             args = tuple(a[:, 0] for a in args)
             z = z[:, 0] if z is not None else None

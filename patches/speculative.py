@@ -35,14 +35,13 @@ import types
 
 import torch
 
-from replayssm.errors import ConfigError, RollbackError, VerifyWindowError
+from replayssm.errors import RollbackError, VerifyWindowError
 from replayssm.kernels.backend import resolve_backend
 from replayssm.kernels.rollback import layer_rollback, layers_rollback, layers_rollback_table
 from replayssm.kernels.window_conv import layer_window_conv
 
 from . import compat
 from .cache_state import REFUSED, ROLLBACK_SAFE, SETTLED, ReplayBuffers, get_buffers
-from .quant_state import needs_replay_path
 
 HIST, COMMITTED = "conv_hist", "committed"
 #: model-instance attribute recording that ``allow_assisted`` set ``_is_stateful``
@@ -63,14 +62,6 @@ def ring_len(buffers: ReplayBuffers) -> int:
 def prepare_window(mixer, layer, buffers: ReplayBuffers, T: int) -> None:
     """Make room for a T-token window on every row (module notes). Each row's window start slot
     and its committed mark follow in ``window_conv``, from the cursors this leaves."""
-    if needs_replay_path(mixer.replay_options):
-        options = mixer.replay_options
-        raise ConfigError(
-            "speculative decoding (a multi-token forward on a cache recording its past) needs a checkpoint "
-            "without scales or stochastic rounding: expected state_dtype fp32, bf16 or fp16 with "
-            f"state_rounding='nearest', found state_dtype={str(options.state_dtype).replace('torch.', '')}, "
-            f"state_rounding={'stochastic' if options.stochastic else 'nearest'!r}",
-            hint="patch with state_dtype='bf16' (or fp32) and state_rounding='nearest' to draft and verify")
     L = ring_len(buffers)
     if T > L:
         raise VerifyWindowError(

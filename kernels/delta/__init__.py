@@ -64,14 +64,16 @@ def delta_replay_decode(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, ou
                                          state_rng)
 
 
-def delta_replay_verify(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out=None, *,
-                        backend: str = "auto") -> torch.Tensor:
+def delta_replay_verify(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out=None, state_scale=None,
+                        state_rng=None, *, backend: str = "auto") -> torch.Tensor:
     """A speculative verify of T tokens per row; see ``verify.delta_replay_verify_reference``."""
     if resolve_backend(backend, v.device) == "triton":
         from .verify_ops import delta_replay_verify_triton
 
-        return delta_replay_verify_triton(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out)
-    return delta_replay_verify_reference(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out)
+        return delta_replay_verify_triton(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, state_scale,
+                                          state_rng)
+    return delta_replay_verify_reference(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, state_scale,
+                                         state_rng)
 
 
 def l2norm_qk(q, k, q_scale: float, eps: float = 1e-6, *, backend: str = "auto"):

@@ -18,7 +18,10 @@ A verify step takes T new tokens per row on a cache holding a checkpoint ``S0`` 
    ring dtype), exactly as a sequence of single decode steps would;
 3. advances the cursor to ``c + T`` (``L`` is allowed: a full ring, flushed by the next step).
 
-The checkpoint is only read (written on flush-first rows only). A rollback of ``n`` tokens is
+The checkpoint is only read (written on flush-first rows only). Low-precision checkpoints
+(``replayssm.kernels.quant``): an int8 / fp8 one is read through its ``state_scale``; the fold of
+step 1 writes it (and its scales) as a decode flush does, stochastically rounded where
+``state_rng`` is given. A rollback of ``n`` tokens is
 ``cursor -= n``: for KDA the kept slots' running sums stay valid. Rows with ``cursor < 0`` are
 idle. No host decision depends on tensor values.
 
@@ -32,7 +35,9 @@ from __future__ import annotations
 
 import torch
 
-from .reference import _decayed_history, check_shapes, delta_replay_materialize_reference
+from ..quant import check_quant_args, load_state
+from ..speculation import flush_first_counts
+from .reference import SCALE_DIM, _decayed_history, check_shapes, delta_replay_materialize_reference
 
 __all__ = ["check_verify_shapes", "delta_replay_verify_reference"]
 
@@ -66,24 +71,30 @@ def delta_replay_verify_reference(
     g_buf: torch.Tensor,
     cursor: torch.Tensor,
     out: torch.Tensor | None = None,
+    state_scale: torch.Tensor | None = None,
+    state_rng: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One verify step of T tokens per row (module notes). Returns o (Bt, T, HV, V) in ``v.dtype``
-    (``out`` if given: idle rows keep its contents; else they are zero)."""
+    (``out`` if given: idle rows keep its contents; else they are zero). ``state_scale`` (Bt, HV, V)
+    fp32: the scales of an int8 / fp8 checkpoint; ``state_rng`` (Bt, 2) int64: stochastic rounding
+    of the flush-first rows' fold."""
     Bt, T, HV, Hk, L, K, V = check_verify_shapes(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor)
+    check_quant_args(state, state_scale, state_rng, SCALE_DIM)
     grp = HV // Hk
     kda = g.dim() == 4
     dev = v.device
     active = cursor >= 0
 
-    need = active & (cursor + T > L) & (cursor > 0)
-    delta_replay_materialize_reference(state, u_buf, k_buf, g_buf, torch.where(need, cursor, torch.zeros_like(cursor)))
-    c = torch.where(need | ~active, torch.zeros_like(cursor), cursor).long()
+    fold = flush_first_counts(cursor, T, L)
+    c = torch.where(active, cursor - fold, torch.zeros_like(cursor)).long()
+    delta_replay_materialize_reference(state, u_buf, k_buf, g_buf, fold, state_scale, state_rng)
+    s0 = load_state(state, state_scale, SCALE_DIM)
 
     slots = torch.arange(L, device=dev)
     outs = []
     for t in range(T):
         p = c + t
-        a, gtot = _decayed_history(state, u_buf, k_buf, g_buf, p, g[:, t])  # alpha_t S_{p-1}; G_p
+        a, gtot = _decayed_history(s0, u_buf, k_buf, g_buf, p, g[:, t])  # alpha_t S_{p-1}; G_p
         qf = q[:, t].float().repeat_interleave(grp, dim=1)
         kf = k[:, t].float().repeat_interleave(grp, dim=1)
         u = beta[:, t].float()[..., None] * (v[:, t].float() - torch.einsum("bhkv,bhk->bhv", a, kf))

@@ -25,6 +25,10 @@ program per key head / value head (slots past the history: nobody reads them); t
 row overwrite slots that every program of the row reads for its fold, so the row's last program
 to arrive at the cursor word (``kernels/cursor.py``) writes them, and the cursor (``ARRIVE``);
 without arrivals a second launch does (``commit_kernel``).
+
+An int8 / fp8 checkpoint (FMT >= 3) is read through its column scales; it is never folded here
+(the launch folds the flush-first rows of such a checkpoint, or of a stochastically rounded one,
+before it).
 """
 
 from __future__ import annotations
@@ -35,13 +39,15 @@ import triton
 import triton.language as tl
 
 from ..cursor import count_arrival, cursor_of_word
+from ..quant_triton import codes_to_f32
 from ..split_dot import dot_f32
 from .gates import previous_gate_sum
-from .tiles import head_block
+from .tiles import column_scale, head_block
 
-#: strides of the window inputs (Bt, T, heads, dim), the output and the cursor (runtime arguments)
+#: strides of the window inputs (Bt, T, heads, dim), the output, the cursor and the checkpoint's
+#: scales (runtime arguments)
 VerifyStrides = namedtuple("VerifyStrides", "q_b q_t q_h q_k k_b k_t k_h k_k v_b v_t v_h v_v g_b g_t g_h g_k "
-                                            "beta_b beta_t beta_h out_b out_t out_h out_v cur")
+                                            "beta_b beta_t beta_h out_b out_t out_h out_v cur sc_b sc_h sc_v")
 
 
 @triton.jit
@@ -119,10 +125,13 @@ def append_flush_row(b, T, t, io, lay, KDA: tl.constexpr, BK: tl.constexpr, TP: 
 
 
 @triton.jit
-def _ring_state(s_ptrs, s_mask, kb_base, gb_base, ub_base, offs_k, mk, offs_v, mv, offs_l, ml, cc, lay,
-                KDA: tl.constexpr, DOT_PREC: tl.constexpr):
-    """fp32 (BK, BV): the checkpoint tile advanced over the ring's entries ``j < cc`` (module notes)."""
-    S0 = tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32)
+def _ring_state(s_ptrs, s_mask, colsc, kb_base, gb_base, ub_base, offs_k, mk, offs_v, mv, offs_l, ml, cc, lay,
+                KDA: tl.constexpr, DOT_PREC: tl.constexpr, FMT: tl.constexpr):
+    """fp32 (BK, BV): the checkpoint tile (int8 / fp8 codes times their column scales ``colsc``)
+    advanced over the ring's entries ``j < cc`` (module notes)."""
+    S0 = codes_to_f32(tl.load(s_ptrs, mask=s_mask, other=0.0), FMT)
+    if FMT >= 3:
+        S0 = S0 * colsc[None, :]
     Kr = tl.load(kb_base + offs_k[:, None] * lay.kb_k + offs_l[None, :] * lay.kb_l, mask=mk[:, None] & ml[None, :],
                  other=0.0).to(tl.float32)  # (BK, LP) keys^T
     Ur = tl.load(ub_base + offs_l[:, None] * lay.u_l + offs_v[None, :] * lay.u_v, mask=ml[:, None] & mv[None, :],
@@ -170,7 +179,7 @@ def _window_loop(S, b, h, hk, c0, T, offs_k, mk_in, offs_v, mv_in, o_cols, activ
 @triton.jit
 def verify_kernel(t, io, lay, NV, T, KDA: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   LP: tl.constexpr, TP: tl.constexpr, HC: tl.constexpr, HP: tl.constexpr, WRITE_IDLE: tl.constexpr,
-                  ARRIVE: tl.constexpr, DOT_PREC: tl.constexpr):
+                  ARRIVE: tl.constexpr, DOT_PREC: tl.constexpr, FMT: tl.constexpr):
     """One verify step (module notes) of T tokens, NV column blocks per value head; TP >= T, HC, HP:
     the appends' tiles (``append_flush_row``). ARRIVE: every program arrives at its row's cursor word once the
     ring's keys and gates are read; the last one stores the next cursor and, at its end, a flush
@@ -196,9 +205,9 @@ def verify_kernel(t, io, lay, NV, T, KDA: tl.constexpr, BK: tl.constexpr, BV: tl
     s_ptrs = t.state + b * lay.s_b + h * lay.s_h + offs_k[:, None] * lay.s_k + offs_v[None, :] * lay.s_v
     ub_base = t.u_buf + b * lay.u_b + h * lay.u_h
 
-    S = _ring_state(s_ptrs, mk_in[:, None] & mv_in[None, :], t.k_buf + b * lay.kb_b + hk * lay.kb_h,
-                    t.g_buf + b * lay.gb_b + h * lay.gb_h, ub_base, offs_k, mk_in, offs_v, mv_in, offs_l,
-                    offs_l < cc, cc, lay, KDA, DOT_PREC)
+    S = _ring_state(s_ptrs, mk_in[:, None] & mv_in[None, :], column_scale(b, h, offs_v, mv_in, t, io, FMT),
+                    t.k_buf + b * lay.kb_b + hk * lay.kb_h, t.g_buf + b * lay.gb_b + h * lay.gb_h, ub_base, offs_k,
+                    mk_in, offs_v, mv_in, offs_l, offs_l < cc, cc, lay, KDA, DOT_PREC, FMT)
     S_new = S.to(t.state.dtype.element_ty)  # a flush row's checkpoint, rounded once
     tl.store(s_ptrs, S_new, mask=mk[:, None] & (offs_v < tl.where(flush, lay.V, 0))[None, :])
     S = tl.where(flush, S_new.to(tl.float32), S)

@@ -47,15 +47,16 @@ def mamba2_replay_decode(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt
 
 
 def mamba2_replay_verify(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None,
-                         dt_softplus=True, out=None, *, backend: str = "auto") -> torch.Tensor:
+                         dt_softplus=True, out=None, state_scale=None, state_rng=None, *,
+                         backend: str = "auto") -> torch.Tensor:
     """A speculative verify of T tokens per row; see ``verify.mamba2_replay_verify_reference``."""
     if resolve_backend(backend, x.device) == "triton":
         from .verify_ops import mamba2_replay_verify_triton
 
         return mamba2_replay_verify_triton(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z,
-                                           dt_softplus, out)
+                                           dt_softplus, out, state_scale, state_rng)
     return mamba2_replay_verify_reference(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z,
-                                          dt_softplus, out)
+                                          dt_softplus, out, state_scale, state_rng)
 
 
 def mamba2_step_decode(x, dt, B, C, state, A, dt_bias=None, D=None, z=None, dt_softplus=True, *,

@@ -17,6 +17,10 @@ cache that already holds a checkpoint ``S0`` and ``c = cursor[b]`` ring entries,
 4. advances the cursor to ``c + T`` (which may be ``L``: a full ring; the next verify or
    decode step of the row flushes first).
 
+Low-precision checkpoints (``replayssm.kernels.quant``): an int8 / fp8 one is read through its
+``state_scale``; the fold of step 1 writes it (and its scales) as a decode flush does, rounded
+stochastically where ``state_rng`` is given.
+
 A rollback of ``n`` tokens is then ``cursor -= n`` (see ``replayssm.kernels.rollback``): the
 rejected entries stay in the ring and are overwritten by the next step.
 
@@ -29,18 +33,11 @@ from __future__ import annotations
 
 import torch
 
-from ..quant import QuantStateError, is_scaled
-from .reference import mamba2_replay_materialize_reference, process_dt
+from ..quant import check_quant_args, load_state
+from ..speculation import flush_first_counts
+from .reference import SCALE_DIM, mamba2_replay_materialize_reference, process_dt
 
-__all__ = ["check_verify_shapes", "check_verify_state", "mamba2_replay_verify_reference"]
-
-
-def check_verify_state(state: torch.Tensor) -> None:
-    """A verify window reads and folds plain checkpoints only: QuantStateError for an int8 / fp8 one
-    (its scales are not an argument here)."""
-    if is_scaled(state.dtype):
-        raise QuantStateError(f"a verify window needs a plain checkpoint (fp32, bf16 or fp16); found a {state.dtype} "
-                              "state (int8 / fp8 checkpoints decode one token per step)")
+__all__ = ["check_verify_shapes", "mamba2_replay_verify_reference"]
 
 
 def check_verify_shapes(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, z=None):
@@ -70,14 +67,14 @@ def check_verify_shapes(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, z=None
     return Bt, T, H, P, G, N, L
 
 
-def _flush_first(state, x_buf, dt_buf, B_buf, cursor, A, T, L):
+def _flush_first(state, x_buf, dt_buf, B_buf, cursor, A, T, L, state_scale, state_rng):
     """Fold the ring of the rows that cannot hold T more entries; returns their new cursors (long,
     0 for idle rows too; the caller masks them)."""
-    active = cursor >= 0
-    need = active & (cursor + T > L) & (cursor > 0)
-    fold = torch.where(need, cursor, torch.zeros_like(cursor))
-    mamba2_replay_materialize_reference(state, x_buf, dt_buf, B_buf, fold, A)  # rows with cursor 0 keep theirs
-    return torch.where(need | ~active, torch.zeros_like(cursor), cursor).long()
+    fold = flush_first_counts(cursor, T, L)
+    c = torch.where(cursor >= 0, cursor - fold, torch.zeros_like(cursor)).long()
+    # rows with nothing to fold keep their checkpoint (materialize zeroes ``fold``)
+    mamba2_replay_materialize_reference(state, x_buf, dt_buf, B_buf, fold, A, state_scale, state_rng)
+    return c
 
 
 def mamba2_replay_verify_reference(
@@ -96,6 +93,8 @@ def mamba2_replay_verify_reference(
     z: torch.Tensor | None = None,
     dt_softplus: bool = True,
     out: torch.Tensor | None = None,
+    state_scale: torch.Tensor | None = None,
+    state_rng: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One verify step of T tokens per row (module notes).
 
@@ -107,15 +106,18 @@ def mamba2_replay_verify_reference(
         cursor: (Bt,) int32 in [0, L] (entries buffered); < 0 idle. Advanced in place by T.
         A: (H,) fp32 negative. dt_bias, D: (H,) or None.
         out: optional (Bt, T, H, P) output; idle rows keep its contents.
+        state_scale: (Bt, H, P) fp32 scales of an int8 / fp8 checkpoint (rewritten on flush-first
+            rows); state_rng: (Bt, 2) int64 [seed, counter], stochastic rounding of those rows'
+            fold (``replayssm.kernels.quant``).
 
     Returns:
         y (Bt, T, H, P) in ``x.dtype`` (``out`` if given; idle rows zero when ``out`` is None).
     """
     Bt, T, H, P, G, N, L = check_verify_shapes(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, z)
-    check_verify_state(state)
+    check_quant_args(state, state_scale, state_rng, SCALE_DIM)
     dev = x.device
     active = cursor >= 0
-    c = _flush_first(state, x_buf, dt_buf, B_buf, cursor, A, T, L)
+    c = _flush_first(state, x_buf, dt_buf, B_buf, cursor, A, T, L, state_scale, state_rng)
 
     # 1. append the window at slots c .. c + T - 1 (active rows)
     pos = c[:, None] + torch.arange(T, device=dev)[None, :]  # (Bt, T)
@@ -148,7 +150,7 @@ def mamba2_replay_verify_reference(
     # inputs never reach an earlier token's output, whatever they hold)
     xw = torch.where(causal[:, None, :, :, None], x_new.float()[:, :, None], zero)  # (Bt, H, T, L, P)
     ch = C.float().repeat_interleave(rep, dim=2)  # (Bt, T, H, N)
-    s0c = torch.einsum("bhpn,bthn->bhtp", state.float(), ch)
+    s0c = torch.einsum("bhpn,bthn->bhtp", load_state(state, state_scale, SCALE_DIM), ch)
     y = abar[..., None] * s0c + torch.einsum("bhtl,bhtlp->bhtp", wbc, xw)  # (Bt, H, T, P)
     y = y.transpose(1, 2)  # (Bt, T, H, P)
     if D is not None:

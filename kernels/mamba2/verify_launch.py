@@ -8,10 +8,14 @@ import torch
 
 from ..backend import compiled_in, num_sms, pow2
 from ..cursor import cursor_word_counts_arrivals
-from .config import VerifyConfig, program_split, verify_config
+from ..quant import check_quant_args, is_scaled
+from ..quant_triton import state_format
+from ..speculation import flush_first_counts
 from ..split_dot import dot_precision
+from .config import VerifyConfig, program_split, verify_config
 from .launch import _arrival_counter
-from .verify import check_verify_shapes, check_verify_state
+from .reference import SCALE_DIM, mamba2_replay_materialize_reference
+from .verify import check_verify_shapes
 from .verify_programs import Flags, IoStrides, Layout, Tensors, verify_kernel
 
 __all__ = ["launch_verify", "verify_flags"]
@@ -26,38 +30,47 @@ def _same_lowp(a: torch.dtype, b: torch.dtype) -> bool:
 
 def verify_flags(cfg: VerifyConfig, N: int, L: int, T: int, G: int, H: int, *, has_dt_bias: bool, has_D: bool,
                  has_z: bool, dt_softplus: bool, zero_idle: bool, on_cursor: bool, lowp_s0c: bool,
-                 lowp_bc: bool) -> Flags:
+                 lowp_bc: bool, fmt: int = 0) -> Flags:
     """The compile-time switches of a verify launch of ``cfg`` (module notes of ``verify_programs``)."""
     return compiled_in(Flags(
         HAS_DT_BIAS=has_dt_bias, HAS_D=has_D, HAS_Z=has_z, DT_SOFTPLUS=bool(dt_softplus), ZERO_IDLE=bool(zero_idle),
         ON_CURSOR=on_cursor, LOWP_S0C=lowp_s0c, LOWP_BC=lowp_bc, DOT_PREC=dot_precision(cfg.dot_precision),
         BLOCK_P=cfg.block_p, BLOCK_N=min(cfg.block_n, max(16, pow2(N))), BLOCK_L=max(16, pow2(L)),
-        BLOCK_T=max(8, pow2(T)), BLOCK_G=pow2(G), BLOCK_H=pow2(H)))
+        BLOCK_T=max(8, pow2(T)), BLOCK_G=pow2(G), BLOCK_H=pow2(H), FMT=fmt))
 
 
 def launch_verify(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, dt_softplus, out,
-                  zero_idle: bool, config: VerifyConfig | None = None) -> None:
+                  zero_idle: bool, config: VerifyConfig | None = None, state_scale: torch.Tensor | None = None,
+                  state_rng: torch.Tensor | None = None) -> None:
     """One verify step of T tokens per row written into ``out`` (Bt, T, H, P) and the in-place
     tensors (semantics: ``mamba2_replay_verify_reference``); idle rows' ``out`` gets zeros if
-    ``zero_idle``. ``config``: the launch knobs (default: ``verify_config``)."""
+    ``zero_idle``. ``config``: the launch knobs (default: ``verify_config``). An int8 / fp8
+    checkpoint (``state_scale``) or a stochastically rounded one (``state_rng``) has its
+    flush-first rows folded before the launch, by the reference's fold (a rare row: once per
+    L tokens), so that the kernel only reads it."""
     Bt, T, H, P, G, N, L = check_verify_shapes(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, z)
-    check_verify_state(state)
+    check_quant_args(state, state_scale, state_rng, SCALE_DIM)
     if tuple(out.shape) != (Bt, T, H, P):
         raise ValueError(f"out must be (Bt, T, H, P) = {(Bt, T, H, P)}; got {tuple(out.shape)}")
     if Bt == 0:
         return
+    if state_scale is not None or state_rng is not None:
+        fold = flush_first_counts(cursor, T, L)
+        cursor.sub_(fold)
+        mamba2_replay_materialize_reference(state, x_buf, dt_buf, B_buf, fold, A, state_scale, state_rng)
     cfg = config or verify_config(Bt, H, P, N, G, num_sms(x.device.type, x.device.index))
     HC, n_hc, n_pb = program_split(cfg, H, P, G)
     on_cursor = cursor_word_counts_arrivals(cursor, L)
     t = Tensors(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias if dt_bias is not None else x,
                 D if D is not None else x, z if z is not None else x, out,
-                cursor if on_cursor else _arrival_counter(x.device, Bt))
+                cursor if on_cursor else _arrival_counter(x.device, Bt), state_scale if state_scale is not None else x)
     io = IoStrides(T, *x.stride(), *dt.stride(), *B.stride(), *C.stride(), cursor.stride(0), A.stride(0),
                    dt_bias.stride(0) if dt_bias is not None else 0, D.stride(0) if D is not None else 0,
                    *(z.stride() if z is not None else (0, 0, 0, 0)), *out.stride())
     lay = Layout(P, N, L, G, H, H // G, HC, n_hc, n_pb, *state.stride(), *x_buf.stride(), *dt_buf.stride(),
-                 *B_buf.stride())
+                 *B_buf.stride(), *(state_scale.stride() if state_scale is not None else (0, 0, 0)))
     flags = verify_flags(cfg, N, L, T, G, H, has_dt_bias=dt_bias is not None, has_D=D is not None,
                          has_z=z is not None, dt_softplus=dt_softplus, zero_idle=zero_idle, on_cursor=on_cursor,
-                         lowp_s0c=_same_lowp(state.dtype, C.dtype), lowp_bc=_same_lowp(B_buf.dtype, C.dtype))
+                         lowp_s0c=_same_lowp(state.dtype, C.dtype), lowp_bc=_same_lowp(B_buf.dtype, C.dtype),
+                         fmt=state_format(state.dtype) if is_scaled(state.dtype) else 0)
     verify_kernel[(Bt * G * n_hc * n_pb,)](t, io, compiled_in(lay), flags, num_warps=cfg.num_warps, num_stages=1)

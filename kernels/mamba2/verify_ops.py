@@ -25,37 +25,39 @@ def runs_triton(device: torch.device) -> bool:
 
 
 @torch.library.custom_op("replayssm::mamba2_replay_verify",
-                         mutates_args=("state", "x_buf", "dt_buf", "B_buf", "cursor", "out"))
+                         mutates_args=("state", "x_buf", "dt_buf", "B_buf", "cursor", "out", "state_scale",
+                                       "state_rng"))
 def verify_op(x: torch.Tensor, dt: torch.Tensor, B: torch.Tensor, C: torch.Tensor, state: torch.Tensor,
               x_buf: torch.Tensor, dt_buf: torch.Tensor, B_buf: torch.Tensor, cursor: torch.Tensor, A: torch.Tensor,
               dt_bias: Optional[torch.Tensor], D: Optional[torch.Tensor], z: Optional[torch.Tensor], dt_softplus: bool,
-              out: torch.Tensor, zero_idle: bool) -> None:
+              out: torch.Tensor, zero_idle: bool, state_scale: Optional[torch.Tensor],
+              state_rng: Optional[torch.Tensor]) -> None:
     """One verify step written into ``out`` (idle rows: zeros if ``zero_idle``, else untouched)."""
     if runs_triton(x.device):
         from .verify_launch import launch_verify
 
         launch_verify(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, dt_softplus, out,
-                      zero_idle)
-    elif zero_idle:
-        out.copy_(mamba2_replay_verify_reference(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z,
-                                                 dt_softplus))
-    else:
-        mamba2_replay_verify_reference(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z,
-                                       dt_softplus, out)
+                      zero_idle, state_scale=state_scale, state_rng=state_rng)
+        return
+    y = mamba2_replay_verify_reference(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z,
+                                       dt_softplus, None if zero_idle else out, state_scale, state_rng)
+    if zero_idle:
+        out.copy_(y)
 
 
 @verify_op.register_fake
 def _verify_fake(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, dt_softplus, out,
-                 zero_idle) -> None:
+                 zero_idle, state_scale, state_rng) -> None:
     return None
 
 
 def mamba2_replay_verify_triton(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias=None, D=None, z=None,
-                                dt_softplus=True, out=None):
+                                dt_softplus=True, out=None, state_scale=None, state_rng=None):
     """The verify step through the custom operator; same signature and semantics as
     ``mamba2_replay_verify_reference``."""
     zero_idle = out is None
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    verify_op(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, bool(dt_softplus), out, zero_idle)
+    verify_op(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, bool(dt_softplus), out, zero_idle,
+              state_scale, state_rng)
     return out

@@ -35,25 +35,28 @@ import triton
 import triton.language as tl
 
 from ..cursor import count_arrival, cursor_of_word
+from ..quant_triton import codes_to_f32
 from ..split_dot import dot_f32 as _dot
 from .heads import head_constants, process_dt
 
 #: the tensors of a verify launch (optional ones replaced by ``x``, with zero strides; ``arrivals``
 #: by ``cursor`` when the cursor word counts the arrivals)
-Tensors = namedtuple("Tensors", "x dt B C state x_buf dt_buf B_buf cursor A dt_bias D z out arrivals")
+Tensors = namedtuple("Tensors", "x dt B C state x_buf dt_buf B_buf cursor A dt_bias D z out arrivals scale")
 #: the window length T and the strides of the per-step inputs and the output (``_t``: the window
 #: token), runtime arguments: a speculative run verifies windows of many lengths, and every T that
 #: rounds up to the same BLOCK_T shares one compiled program
 IoStrides = namedtuple("IoStrides", "T x_b x_t x_h x_p dt_b dt_t dt_h B_b B_t B_g B_n C_b C_t C_g C_n cur A "
                                     "dt_bias D z_b z_t z_h z_p out_b out_t out_h out_p")
-#: sizes, program split and the checkpoint / ring strides (compiled in)
+#: sizes, program split and the checkpoint / ring / scale strides (compiled in)
 Layout = namedtuple("Layout", "P N L G H HPG HC n_hc n_pb s_b s_h s_p s_n xb_b xb_h xb_l xb_p db_b db_h db_l "
-                              "Bb_b Bb_g Bb_l Bb_n")
+                              "Bb_b Bb_g Bb_l Bb_n sc_b sc_h sc_p")
 #: compile-time switches and block sizes (``verify_launch.verify_flags``). LOWP_S0C / LOWP_BC: the
 #: ``C . S0`` / ``C . B`` products on 16-bit operands of one dtype (exact products, fp32 sums);
-#: otherwise on fp32 operands at DOT_PREC. BLOCK_T: T rounded up to a power of two, at least 8
+#: otherwise on fp32 operands at DOT_PREC. BLOCK_T: T rounded up to a power of two, at least 8. FMT:
+#: the checkpoint's format (``quant_triton``; int8 / fp8 ones are read through their lane scales and
+#: never folded here: the launch folds their flush-first rows before it)
 Flags = namedtuple("Flags", "HAS_DT_BIAS HAS_D HAS_Z DT_SOFTPLUS ZERO_IDLE ON_CURSOR LOWP_S0C LOWP_BC DOT_PREC "
-                            "BLOCK_P BLOCK_N BLOCK_L BLOCK_T BLOCK_G BLOCK_H")
+                            "BLOCK_P BLOCK_N BLOCK_L BLOCK_T BLOCK_G BLOCK_H FMT")
 
 
 @triton.jit
@@ -75,6 +78,9 @@ def _pair_loads(b, h, nn, rem, offs_p, mask_p, t, io, lay, k):
     okl = (offs_l < lay.L) & ((tl.zeros([k.BLOCK_L], dtype=tl.int32) + rem) > 0)
     s0 = tl.load(t.state + b * lay.s_b + h * lay.s_h + nn[:, None] * lay.s_n + offs_p[None, :] * lay.s_p,
                  mask=okn[:, None] & okp[None, :], other=0.0)
+    if k.FMT >= 3:  # int8 / fp8 codes times their lane's scale
+        sc = tl.load(t.scale + b * lay.sc_b + h * lay.sc_h + offs_p * lay.sc_p, mask=okp, other=0.0)
+        s0 = codes_to_f32(s0, k.FMT) * sc[None, :]
     xr = tl.load(t.x_buf + b * lay.xb_b + h * lay.xb_h + offs_l[:, None] * lay.xb_l + offs_p[None, :] * lay.xb_p,
                  mask=okl[:, None] & okp[None, :], other=0.0)
     dtr = tl.load(t.dt_buf + b * lay.db_b + h * lay.db_h + offs_l * lay.db_l, mask=okl, other=0.0)

@@ -94,7 +94,7 @@ def test_refusals():
     layer = filled_layer(False, CURSORS, L)
     toks = layer.tokens(2)
     out = torch.empty_like(toks[2])
-    with pytest.raises(QuantStateError, match="plain checkpoints"):
+    with pytest.raises(QuantStateError, match="needs state_scale"):
         launch_verify(*toks, layer.state.to(torch.int8), *layer.rings, layer.cursor, out, write_idle=True)
     with pytest.raises(ValueError, match="cursor must be int32"):
         launch_verify(*toks, layer.state, *layer.rings, layer.cursor.long(), out, write_idle=True)

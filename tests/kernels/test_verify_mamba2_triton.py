@@ -143,13 +143,13 @@ def test_a_non_finite_window_input_reaches_later_tokens_only(launches):
     torch.testing.assert_close(y_kernel[~bad], y_ref[~bad], atol=1e-4, rtol=1e-4)
 
 
-def test_scaled_checkpoints_and_wrong_outputs_are_refused():
+def test_scaled_checkpoints_without_scales_and_wrong_outputs_are_refused():
     layer = Mamba2Layer(2, L=4).to(DEV)
     toks = layer.tokens(2)
     args = list(layer.verify_args(toks))
     args[4] = layer.state.to(torch.int8)
     for fn in (verify_ops.mamba2_replay_verify_triton, mamba2_replay_verify_reference):
-        with pytest.raises(QuantStateError, match="verify window needs a plain checkpoint"):
+        with pytest.raises(QuantStateError, match="needs state_scale"):
             fn(*args)
     with pytest.raises(ValueError, match=r"out must be \(Bt, T, H, P\)"):
         verify_ops.mamba2_replay_verify_triton(*layer.verify_args(toks), out=torch.empty(2, 3, 4, 16))

@@ -6,20 +6,75 @@ from __future__ import annotations
 
 import torch
 
+from replayssm.kernels import quant as Q
 from replayssm.kernels.delta import delta_step_decode_reference
 from replayssm.kernels.mamba2 import mamba2_step_decode_reference
-from replayssm.kernels.speculation import rollback_cursor_reference
+from replayssm.kernels.speculation import flush_first_counts, rollback_cursor_reference
 
 
 def _l2n(t):
     return t / torch.sqrt((t * t).sum(-1, keepdim=True) + 1e-6)
 
 
-class Mamba2Layer:
+class _Checkpoint:
+    """A layer's checkpoint, plain fp32 or stored low-precision (``quantize``). For the latter the
+    exact recurrence takes the stored checkpoint's value wherever a verify folds, once it is found
+    within a quantum of the exact state there (``sync_folds``): a fold that rounds a wrong state,
+    or a read that ignores the scales, shows in the outputs or in that check."""
+
+    scale = rng = None
+
+    def quantize(self, dtype, stochastic=False, seed=0):
+        """Store the checkpoint as ``dtype`` (scales for int8 / fp8; ``stochastic``: a [seed,
+        counter] per row); the exact state becomes the stored one's value."""
+        Bt = self.state.shape[0]
+        q = torch.empty(self.state.shape, dtype=dtype, device=self.device)
+        if Q.is_scaled(dtype):
+            self.scale = torch.empty(Q.scale_shape(tuple(self.state.shape), self.scale_dim), device=self.device)
+        self.rng = Q.init_state_rng(Bt, seed, 0, self.device) if stochastic else None
+        Q.store_state(q, self.scale, self.rng, self.exact, torch.ones(Bt, dtype=torch.bool, device=self.device),
+                      self.scale_dim)
+        self.state = q
+        self.exact = Q.load_state(q, self.scale, self.scale_dim)
+        return self
+
+    def quant_kwargs(self) -> dict:
+        return dict(state_scale=self.scale, state_rng=self.rng) if self.state.dtype != torch.float32 else {}
+
+    def checkpoint(self) -> torch.Tensor:
+        """The checkpoint's fp32 value."""
+        return Q.load_state(self.state, self.scale, self.scale_dim)
+
+    def quantum(self) -> torch.Tensor | float:
+        """Spacing of the stored grid around the checkpoint (an upper bound; 0 for fp32)."""
+        if self.state.dtype == torch.int8:
+            return self.scale.unsqueeze(self.scale_dim)
+        mant = {torch.float32: 23, torch.float8_e4m3fn: 3, torch.bfloat16: 7, torch.float16: 10}[self.state.dtype]
+        return self.checkpoint().abs() * 2.0 ** -mant * 2
+
+    def fold_rows(self, T):
+        """The rows a T-token verify folds first (None for an fp32 checkpoint)."""
+        if self.state.dtype == torch.float32:
+            return None
+        return flush_first_counts(self.cursor, T, self.dims[-1]) > 0
+
+    def sync_folds(self, rows):
+        """After the verify: the folded rows' stored checkpoints must lie within a quantum of the
+        exact state; the exact recurrence goes on from them."""
+        if rows is None:
+            return
+        ckpt = self.checkpoint()
+        off = ((ckpt - self.exact).abs() > self.quantum() + 1e-6) & rows.view(-1, 1, 1, 1)
+        assert not off.any(), f"{int(off.sum())} folded checkpoint values off the exact state by more than a quantum"
+        self.exact = torch.where(rows.view(-1, 1, 1, 1), ckpt, self.exact)
+
+
+class Mamba2Layer(_Checkpoint):
     """A Mamba-2 layer's parameters, checkpoint and NaN-poisoned rings for ``Bt`` rows."""
 
     kind = "mamba2"
     out_index = 0  # the token tensor whose shape the output has (x)
+    scale_dim = -1
 
     def __init__(self, Bt, H=4, P=16, N=16, G=2, L=8, device="cpu", seed=0):
         gen = torch.Generator().manual_seed(seed)
@@ -70,8 +125,10 @@ class Mamba2Layer:
                      for t in toks)
 
 
-class DeltaLayer:
+class DeltaLayer(_Checkpoint):
     """A GDN (``kda=False``) or KDA layer's checkpoint and NaN-poisoned rings for ``Bt`` rows."""
+
+    scale_dim = -2
 
     def __init__(self, Bt, kda=False, Hk=2, HV=4, K=16, V=16, L=8, device="cpu", seed=0):
         gen = torch.Generator().manual_seed(seed)
@@ -134,7 +191,9 @@ def rollout(layer, verify_fn, rounds: int, max_T: int, seed: int = 0, atol=2e-4,
     (outputs: zeros, or the NaN of ``poison_out``). With ``twin`` (a copy of ``layer``), ``twin_fn``
     verifies the same tokens on it every round and every output (NaN included), cursor, checkpoint
     and ring entry must agree with ``verify_fn``'s to (atol, rtol). ``poison_out``: the outputs go
-    into NaN-filled buffers (an output left unwritten shows). Returns the worst absolute error."""
+    into NaN-filled buffers (an output left unwritten shows). A low-precision checkpoint
+    (``layer.quantize``) passes its stored value to the exact recurrence where a verify folds
+    (``sync_folds``), and the twins' checkpoints agree to within a quantum of its grid. Returns the worst absolute error."""
     gen = torch.Generator().manual_seed(seed + 1000)
     Bt = layer.dims[0]
     worst = 0.0
@@ -148,18 +207,26 @@ def rollout(layer, verify_fn, rounds: int, max_T: int, seed: int = 0, atol=2e-4,
         rejected = torch.arange(T, device=layer.device)[None, :] >= acc[:, None]
         toks = layer.poison(layer.tokens(T), rejected)
         idle = layer.cursor < 0
-        before = [t[idle].clone() for t in (layer.state, *layer.rings)]
+        before = [t[idle].clone() for t in (layer.checkpoint(), *layer.rings)]
+        folds = layer.fold_rows(T)
         kw = dict(out=torch.full_like(toks[layer.out_index], float("nan"))) if poison_out else {}
-        y = verify_fn(*layer.verify_args(toks), **kw)
+        y = verify_fn(*layer.verify_args(toks), **kw, **layer.quant_kwargs())
+        layer.sync_folds(folds)
         if twin is not None:
             twin_kw = dict(out=torch.full_like(toks[layer.out_index], float("nan"))) if poison_out else {}
-            y_twin = twin_fn(*twin.verify_args(toks), **twin_kw)
+            y_twin = twin_fn(*twin.verify_args(toks), **twin_kw, **twin.quant_kwargs())
             _same(y, y_twin, atol, rtol, f"round {r} (T={T}): outputs")
             assert torch.equal(layer.cursor, twin.cursor), f"round {r}: cursors {layer.cursor} != {twin.cursor}"
-            _same(layer.state, twin.state, atol, rtol, f"round {r}: checkpoint")
+            if layer.state.dtype == torch.float32:
+                _same(layer.state, twin.state, atol, rtol, f"round {r}: checkpoint")
+            else:
+                off = (layer.checkpoint() - twin.checkpoint()).abs() > layer.quantum() + atol
+                assert not off.any(), f"round {r}: {int(off.sum())} checkpoint values apart by more than a quantum"
+                if layer.rng is not None:
+                    assert torch.equal(layer.rng, twin.rng), f"round {r}: random-number states differ"
             for name, a, b in zip(("x/u", "dt/k", "B/g"), layer.rings, twin.rings):
                 _same(a, b, atol, rtol, f"round {r}: ring {name}")
-        for t0, t1 in zip(before, (layer.state, *layer.rings)):
+        for t0, t1 in zip(before, (layer.checkpoint(), *layer.rings)):
             assert torch.equal(t0.isnan(), t1[idle].isnan()) and torch.equal(t0.nan_to_num(), t1[idle].nan_to_num()), \
                 f"round {r}: an idle row was written"
         idle_out = y[idle]
