@@ -10,6 +10,8 @@ a whole batch at once (rows accepting different numbers of drafts) uses:
 * ``rollback(cache, n)``: remove ``n`` tokens (an int, or (B,) per-row counts) from every ReplaySSM
   layer (a cursor move; the conv state follows). Per-row counts need a cache whose other layers
   hold no per-token attention state (a pure SSM model); a single count also crops attention layers.
+  Where transformers keeps one token count per layer (5.25+: ``get_seq_length``), it follows the
+  longest row (it moves back by the smallest count).
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ def rollback(cache, n) -> None:
         return
     for layer in ssm:
         rollback_layer(layer, n)
+    for layer in ssm:  # a layer's one token count (transformers 5.25+) follows the longest row
+        compat.count_tokens(layer, -int(n.min()))
     if others:
         for layer in others:
             layer.crop(-int(n[0]))

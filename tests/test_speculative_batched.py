@@ -71,3 +71,25 @@ def test_per_row_counts_on_a_cache_with_attention_layers_raise():
             rollback(cache, 6)
     finally:
         replayssm.unpatch(model)
+
+
+@pytest.mark.parametrize("family,counts", [("mamba2", [1, 2, 3]), ("nemotron_h", [2, 2])])
+def test_per_row_rollback_keeps_the_sequence_length_of_the_longest_row(family, counts):
+    """``get_seq_length`` (transformers 5.25 reads an SSM layer's own token count first) gives the
+    longest row's length after per-row counts: the prompt plus the window, less the smallest count."""
+    from replayssm.patches import compat
+
+    model = tiny(family)
+    replayssm.patch(model, buffer_len=8)
+    rows = len(counts)
+    try:
+        cache = speculative_cache(model)
+        verify(model, torch.randint(3, 512, (rows, 6)), cache)
+        if family == "mamba2" and compat.token_count(cache.layers[0]) is None:
+            pytest.skip("this transformers keeps no sequence length for a cache of SSM layers only")
+        verify(model, torch.randint(3, 512, (rows, 4)), cache)
+        assert int(cache.get_seq_length()) == 10
+        rollback(cache, torch.tensor(counts))
+        assert int(cache.get_seq_length()) == 10 - min(counts)
+    finally:
+        replayssm.unpatch(model)
