@@ -12,8 +12,11 @@ the Mamba-2 verify is one launch, ``kernels/mamba2/verify_launch.py``). ``--base
 also another checkout's ``kernels/`` verify (+ rollback) on the same data, and this one's time
 relative to it (``vs_baseline``; see bench_kernels.py). Writes ``verify.json`` and ``verify.md`` under
 ``--out``. ``--smoke``: tiny shapes on any device (the PyTorch references off the GPU).
+``--state-dtypes``: checkpoint dtypes to time (default fp32; int8 / fp8 with their scales, nearest
+rounding: their verify folds flush-first rows through the PyTorch reference before the launch).
 
     python examples/benchmarks/bench_verify.py --batches 1,64,256 --T 4,5
+    python examples/benchmarks/bench_verify.py --batches 1,256 --T 4 --state-dtypes float32,bfloat16,int8
     python examples/benchmarks/bench_verify.py --baseline-tree /tmp/old/kernels
 """
 
@@ -31,6 +34,7 @@ import triton
 import replayssm.kernels.delta as delta_ops
 import replayssm.kernels.mamba2 as mamba2_ops
 from baselines import check_baseline_tree, load_baseline_tree
+from replayssm.kernels import quant as Q
 from replayssm.kernels.speculation import rollback_cursor_reference
 from run_record import UsageError
 
@@ -44,10 +48,20 @@ def _l2n(t):
     return t / torch.sqrt((t * t).sum(-1, keepdim=True) + 1e-6)
 
 
-def make_layer(family, shape, Bt, L, T, dev, act, ops=None):
-    """(step(), verify(), verify_and_rollback()) closures over one layer's checkpoint (fp32), rings
-    and inputs (the same for the same arguments); ``ops``: the family's kernels module (default: this
-    checkout's)."""
+def _stored(state: torch.Tensor, dtype: torch.dtype, dim: int) -> tuple[torch.Tensor, dict]:
+    """The fp32 checkpoint stored as ``dtype`` (nearest), and the kernels' keyword arguments for it."""
+    if dtype == torch.float32:
+        return state, {}
+    q = torch.empty(state.shape, dtype=dtype, device=state.device)
+    scale = torch.empty(Q.scale_shape(tuple(state.shape), dim), device=state.device) if Q.is_scaled(dtype) else None
+    Q.store_state(q, scale, None, state, torch.ones(state.shape[0], dtype=torch.bool, device=state.device), dim)
+    return q, ({"state_scale": scale} if scale is not None else {})
+
+
+def make_layer(family, shape, Bt, L, T, dev, act, ops=None, state_dtype=torch.float32):
+    """(step(), verify(), verify_and_rollback()) closures over one layer's checkpoint (fp32, or
+    stored as ``state_dtype``), rings and inputs (the same for the same arguments); ``ops``: the
+    family's kernels module (default: this checkout's)."""
     ops = ops or (mamba2_ops if family == "mamba2" else delta_ops)
     g = torch.Generator().manual_seed(0)
     backend = "triton" if dev.type == "cuda" else "auto"
@@ -56,18 +70,20 @@ def make_layer(family, shape, Bt, L, T, dev, act, ops=None):
     r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
     if family == "mamba2":
         H, P, N, G = shape
-        state = r(Bt, H, P, N).to(dev)
+        state, quant = _stored(r(Bt, H, P, N).to(dev), state_dtype, -1)
         rings = (torch.zeros(Bt, H, L, P, dtype=act, device=dev), torch.zeros(Bt, H, L, device=dev),
                  torch.zeros(Bt, G, L, N, dtype=act, device=dev))
         A, dtb, D = (-torch.rand(H, generator=g) - 0.5).to(dev), r(H).to(dev), r(H).to(dev)
         one = [r(Bt, H, P).to(act), (r(Bt, H) - 2).to(act), r(Bt, G, N).to(act), r(Bt, G, N).to(act)]
         win = [r(Bt, T, H, P).to(act), (r(Bt, T, H) - 2).to(act), r(Bt, T, G, N).to(act), r(Bt, T, G, N).to(act)]
         one, win = [t.to(dev) for t in one], [t.to(dev) for t in win]
-        step = lambda: ops.mamba2_replay_decode(*one, state, *rings, cursor, A, dtb, D, backend=backend)  # noqa: E731
-        verify = lambda: ops.mamba2_replay_verify(*win, state, *rings, cursor, A, dtb, D, backend=backend)  # noqa: E731
+        step = lambda: ops.mamba2_replay_decode(*one, state, *rings, cursor, A, dtb, D, backend=backend,  # noqa: E731
+                                                **quant)
+        verify = lambda: ops.mamba2_replay_verify(*win, state, *rings, cursor, A, dtb, D, backend=backend,  # noqa: E731
+                                                  **quant)
     else:
         Hk, HV, K, V, kda = shape
-        state = r(Bt, HV, K, V).to(dev)
+        state, quant = _stored(r(Bt, HV, K, V).to(dev), state_dtype, -2)
         rings = (torch.zeros(Bt, HV, L, V, dtype=act, device=dev), torch.zeros(Bt, Hk, L, K, dtype=act, device=dev),
                  torch.zeros(*((Bt, HV, L, K) if kda else (Bt, HV, L)), device=dev))
 
@@ -78,8 +94,8 @@ def make_layer(family, shape, Bt, L, T, dev, act, ops=None):
             return q, k, r(*lead, HV, V).to(act).to(dev), gate, torch.sigmoid(r(*lead, HV)).to(dev)
 
         one, win = toks(Bt), toks(Bt, T)
-        step = lambda: ops.delta_replay_decode(*one, state, *rings, cursor, backend=backend)  # noqa: E731
-        verify = lambda: ops.delta_replay_verify(*win, state, *rings, cursor, backend=backend)  # noqa: E731
+        step = lambda: ops.delta_replay_decode(*one, state, *rings, cursor, backend=backend, **quant)  # noqa: E731
+        verify = lambda: ops.delta_replay_verify(*win, state, *rings, cursor, backend=backend, **quant)  # noqa: E731
 
     def verify_and_rollback():
         verify()
@@ -138,7 +154,15 @@ def _parse(argv):
     ap.add_argument("--out", default="out/bench")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--baseline-tree", help="another checkout's kernels/ directory, timed beside this one")
+    ap.add_argument("--state-dtypes", default="float32",
+                    help="checkpoint dtypes: float32, bfloat16, float16, float8_e4m3fn, int8 (comma-separated)")
     args = ap.parse_args(argv)
+    known = {str(d).replace("torch.", ""): d for d in (torch.float32, torch.bfloat16, torch.float16,
+                                                       torch.float8_e4m3fn, torch.int8)}
+    names = args.state_dtypes.split(",")
+    if not names or any(n not in known for n in names):
+        raise UsageError(f"--state-dtypes takes comma-separated names of {', '.join(known)}; got {args.state_dtypes!r}")
+    args.state_dtypes = [known[n] for n in names]
     args.batches, args.T = _ints(args.batches, "--batches"), _ints(args.T, "--T")
     if max(args.T) > args.L:
         raise UsageError(f"--T values must be at most --L (a window fits the ring); got --T "
@@ -163,25 +187,27 @@ def main(argv=None) -> int:
     act = torch.float32 if args.smoke else ACT
     calls, back_calls = (2, 2) if args.smoke else (args.L * 4, 32)  # per timing: kernel calls, verify+rollbacks
     rows = []
-    for name, (family, shape) in shapes.items():
-        for Bt in batches:
-            step_us = None
-            for T in args.T:
-                step, verify, verify_back = make_layer(family, shape, Bt, args.L, T, dev, act)
-                if step_us is None:
-                    step_us = time_us(step, calls, dev)
-                verify_us = time_us(verify, calls, dev)
-                back_us = time_us(verify_back, back_calls, dev)
-                rows.append(dict(shape=name, batch=Bt, T=T, step_us=round(step_us, 2), T_steps_us=round(T * step_us, 2),
-                                 verify_us=round(verify_us, 2), verify_rollback_us=round(back_us, 2),
-                                 verify_per_step=round(verify_us / step_us, 3),
-                                 verify_rollback_per_T_steps=round(back_us / (T * step_us), 3)))
-                if baseline:
-                    *_, base_back = make_layer(family, shape, Bt, args.L, T, dev, act, ops=baseline[family])
-                    base_us = time_us(base_back, back_calls, dev)
-                    rows[-1].update(baseline_verify_rollback_us=round(base_us, 2),
-                                    vs_baseline=round(back_us / base_us, 3))
-                print(json.dumps(rows[-1]), flush=True)
+    for name, (family, shape), Bt, sd in ((n, fs, b, d) for n, fs in shapes.items() for b in batches
+                                          for d in args.state_dtypes):
+        step_us = None
+        for T in args.T:
+            step, verify, verify_back = make_layer(family, shape, Bt, args.L, T, dev, act, state_dtype=sd)
+            if step_us is None:
+                step_us = time_us(step, calls, dev)
+            verify_us = time_us(verify, calls, dev)
+            back_us = time_us(verify_back, back_calls, dev)
+            rows.append(dict(shape=name, batch=Bt, state=str(sd).replace("torch.", ""), T=T,
+                             step_us=round(step_us, 2), T_steps_us=round(T * step_us, 2),
+                             verify_us=round(verify_us, 2), verify_rollback_us=round(back_us, 2),
+                             verify_per_step=round(verify_us / step_us, 3),
+                             verify_rollback_per_T_steps=round(back_us / (T * step_us), 3)))
+            if baseline:
+                *_, base_back = make_layer(family, shape, Bt, args.L, T, dev, act, ops=baseline[family],
+                                           state_dtype=sd)
+                base_us = time_us(base_back, back_calls, dev)
+                rows[-1].update(baseline_verify_rollback_us=round(base_us, 2),
+                                vs_baseline=round(back_us / base_us, 3))
+            print(json.dumps(rows[-1]), flush=True)
     meta = dict(date=datetime.date.today().isoformat(),
                 gpu=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (smoke run)",
                 torch=torch.__version__, triton=triton.__version__, L=args.L,
@@ -192,10 +218,10 @@ def main(argv=None) -> int:
     extra = ("| baseline verify+rollback µs | vs baseline ", "---|---|") if baseline else ("", "")
     lines = [f"{meta['date']} · {meta['gpu']} · torch {meta['torch']} · triton {meta['triton']} · L = {args.L} · "
              f"`{meta['command']}`", "",
-             "| shape | batch | T | step µs | T steps µs | verify µs | verify+rollback µs | verify / step | "
+             "| shape | batch | state | T | step µs | T steps µs | verify µs | verify+rollback µs | verify / step | "
              f"verify+rollback / (T x step) {extra[0]}|",
-             f"|---|---|---|---|---|---|---|---|---|{extra[1]}"]
-    lines += [f"| {r['shape']} | {r['batch']} | {r['T']} | {r['step_us']} | {r['T_steps_us']} | {r['verify_us']} | "
+             f"|---|---|---|---|---|---|---|---|---|---|{extra[1]}"]
+    lines += [f"| {r['shape']} | {r['batch']} | {r['state']} | {r['T']} | {r['step_us']} | {r['T_steps_us']} | {r['verify_us']} | "
               f"{r['verify_rollback_us']} | {r['verify_per_step']} | {r['verify_rollback_per_T_steps']} |"
               + (f" {r['baseline_verify_rollback_us']} | {r['vs_baseline']} |" if baseline else "") for r in rows]
     (out / "verify.md").write_text("\n".join(lines) + "\n")

@@ -127,7 +127,19 @@ def test_verify_benchmark_smoke_run(tmp_path):
         assert r["step_us"] > 0 and r["verify_us"] > 0 and abs(r["T_steps_us"] - r["T"] * r["step_us"]) < 0.1
         assert abs(r["verify_per_step"] - r["verify_us"] / r["step_us"]) < 1e-2 and r["verify_rollback_us"] > 0
         assert abs(r["verify_rollback_per_T_steps"] - r["verify_rollback_us"] / r["T_steps_us"]) < 1e-2
-    assert "| smoke-gdn | 2 | 5 |" in (tmp_path / "verify.md").read_text()
+    assert "| smoke-gdn | 2 | float32 | 5 |" in (tmp_path / "verify.md").read_text()
+
+
+def test_verify_benchmark_times_low_precision_checkpoints(tmp_path):
+    """--state-dtypes: a row per checkpoint dtype (int8 / fp8 read through their scales)."""
+    script = str(ROOT / "examples" / "benchmarks" / "bench_verify.py")
+    proc = subprocess.run([sys.executable, script, "--smoke", "--T", "4", "--state-dtypes", "float32,int8,float8_e4m3fn",
+                           "--out", str(tmp_path)], capture_output=True, text=True, env=ENV, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads((tmp_path / "verify.json").read_text())["rows"]
+    assert [(r["shape"], r["state"]) for r in rows] == [(s, d) for s in ("smoke-mamba2", "smoke-gdn")
+                                                        for d in ("float32", "int8", "float8_e4m3fn")]
+    assert all(r["verify_us"] > 0 and r["step_us"] > 0 for r in rows)
 
 
 def test_verify_benchmark_beside_a_baseline_tree(tmp_path):
@@ -147,7 +159,8 @@ def test_verify_benchmark_beside_a_baseline_tree(tmp_path):
     for args, message in ((["--baseline-tree", str(tmp_path)], "is not a kernels/ directory"),
                           (["--batches", "x"], "--batches takes comma-separated integers"),
                           (["--T", "0,4"], "--T takes positive integers"),
-                          (["--T", "9", "--L", "8"], "--T values must be at most --L")):
+                          (["--T", "9", "--L", "8"], "--T values must be at most --L"),
+                          (["--state-dtypes", "int4"], "--state-dtypes takes comma-separated names")):
         bad = subprocess.run([sys.executable, script, "--smoke", *args, "--out", str(tmp_path / "bad")],
                              capture_output=True, text=True, env=ENV, timeout=300)
         assert bad.returncode == 2 and message in bad.stderr and "Traceback" not in bad.stderr, (args, bad.stderr)
