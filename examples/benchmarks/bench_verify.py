@@ -13,7 +13,7 @@ also another checkout's ``kernels/`` verify (+ rollback) on the same data, and t
 relative to it (``vs_baseline``; see bench_kernels.py). Writes ``verify.json`` and ``verify.md`` under
 ``--out``. ``--smoke``: tiny shapes on any device (the PyTorch references off the GPU).
 ``--state-dtypes``: checkpoint dtypes to time (default fp32; int8 / fp8 with their scales, nearest
-rounding: their verify folds flush-first rows through the PyTorch reference before the launch).
+rounding).
 
     python examples/benchmarks/bench_verify.py --batches 1,64,256 --T 4,5
     python examples/benchmarks/bench_verify.py --batches 1,256 --T 4 --state-dtypes float32,bfloat16,int8

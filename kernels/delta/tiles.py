@@ -33,20 +33,28 @@ def column_scale(b, h, offs_v, mv, t, io, FMT: tl.constexpr):
 
 
 @triton.jit
+def round_state_tile(s_new, m2, b, h, offs_k, offs_v, t, io, lay, FMT: tl.constexpr, SR: tl.constexpr,
+                     CAST_E4M3: tl.constexpr = False):
+    """``quant_triton.quantize_tile`` of a checkpoint tile (BK, BV) that spans the key dim (lanes off
+    ``m2`` count as zero): (values whose cast to the stored dtype is exact, column scales), with the
+    random bits of element ``(h K + k) V + v`` under the row's key (``state_rng`` [seed, counter], the
+    counter advanced before the launch) when SR."""
+    if SR:
+        key = row_key(tl.load(t.rng + b * io.rng_b), tl.load(t.rng + b * io.rng_b + 1))
+        u = uniform_bits(key, (h * lay.K + offs_k[:, None]) * lay.V + offs_v[None, :])
+    else:
+        u = 0
+    return quantize_tile(tl.where(m2, s_new, 0.0), u, 0, FMT, SR, CAST_E4M3)
+
+
+@triton.jit
 def store_state_tile(ptrs, s_new, mk, mv, b, h, offs_k, offs_v, t, io, lay, FMT: tl.constexpr, SR: tl.constexpr,
                      CAST_E4M3: tl.constexpr = False):
     """Store a checkpoint tile (BK, BV) that spans the key dim: a plain cast, or (FMT >= 3 / SR)
-    through ``quant_triton.quantize_tile`` over the key dim (the column scales stored too), with
-    the random bits of element ``(h K + k) V + v`` under the row's key (``state_rng`` [seed,
-    counter], the counter advanced before the launch). CAST_E4M3: ``quant_triton.round_to``."""
+    through ``round_state_tile`` (the column scales stored too). CAST_E4M3: ``quant_triton.round_to``."""
     m2 = mk[:, None] & mv[None, :]
     if (FMT >= 3) | SR:
-        if SR:
-            key = row_key(tl.load(t.rng + b * io.rng_b), tl.load(t.rng + b * io.rng_b + 1))
-            u = uniform_bits(key, (h * lay.K + offs_k[:, None]) * lay.V + offs_v[None, :])
-        else:
-            u = 0
-        q, d = quantize_tile(tl.where(m2, s_new, 0.0), u, 0, FMT, SR, CAST_E4M3)
+        q, d = round_state_tile(s_new, m2, b, h, offs_k, offs_v, t, io, lay, FMT, SR, CAST_E4M3)
         tl.store(ptrs, q.to(t.state.dtype.element_ty), mask=m2)
         if FMT >= 3:
             tl.store(t.scale + b * io.sc_b + h * io.sc_h + offs_v * io.sc_v, d, mask=mv)

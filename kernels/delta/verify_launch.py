@@ -9,25 +9,25 @@ import triton
 
 from ..backend import compiled_in
 from ..cursor import cursor_word_counts_arrivals
-from ..quant import check_quant_args, is_scaled
+from ..quant import check_quant_args
 from ..quant_triton import state_format
 from ..speculation import flush_first_counts
 from ..split_dot import dot_precision
 from .config import VerifyConfig, default_verify_config
 from .programs import Layout, Tensors
-from .reference import SCALE_DIM, delta_replay_materialize_reference
+from .reference import SCALE_DIM
 from .verify import check_verify_shapes
 from .verify_programs import VerifyStrides, commit_kernel, verify_kernel
 
 __all__ = ["launch_verify"]
 
 
-def _strides(q, k, v, g, beta, out, cursor, scale) -> VerifyStrides:
-    """Strides of the window inputs, the output, the cursor and the scales; a Gated DeltaNet gate's
-    key-channel stride is 0."""
+def _strides(q, k, v, g, beta, out, cursor, scale, rng) -> VerifyStrides:
+    """Strides of the window inputs, the output, the cursor, the scales and the random-number state; a
+    Gated DeltaNet gate's key-channel stride is 0."""
     return VerifyStrides(*q.stride(), *k.stride(), *v.stride(), *g.stride()[:3], g.stride(3) if g.dim() == 4 else 0,
                          *beta.stride(), *out.stride(), cursor.stride(0),
-                         *(scale.stride() if scale is not None else (0, 0, 0)))
+                         *(scale.stride() if scale is not None else (0, 0, 0)), rng.stride(0) if rng is not None else 0)
 
 
 def launch_verify(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, *, write_idle: bool,
@@ -35,9 +35,9 @@ def launch_verify(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, *, 
                   state_rng: torch.Tensor | None = None) -> torch.Tensor:
     """The verify step of ``verify.delta_replay_verify_reference`` into ``out`` (Bt, T, HV, V);
     ``write_idle``: zeros into idle rows' outputs (else they keep theirs). ``config``: the launch
-    knobs (default: ``default_verify_config``). An int8 / fp8 checkpoint (``state_scale``) or a
-    stochastically rounded one (``state_rng``) has its flush-first rows folded before the launch,
-    by the reference's fold (a rare row: once per L tokens), so that the kernel only reads it."""
+    knobs (default: ``default_verify_config``). ``state_scale`` / ``state_rng``: an int8 / fp8
+    checkpoint's scales, stochastic rounding of the flush-first rows (their counters advance here,
+    before the launch)."""
     Bt, T, HV, Hk, L, K, V = check_verify_shapes(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor)
     check_quant_args(state, state_scale, state_rng, SCALE_DIM)
     if cursor.dtype != torch.int32:
@@ -49,10 +49,8 @@ def launch_verify(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, *, 
         raise ValueError(f"the verify kernel keeps the key dim in one tile (K <= 256); got K={K}")
     if Bt == 0:
         return out
-    if state_scale is not None or state_rng is not None:
-        fold = flush_first_counts(cursor, T, L)
-        cursor.sub_(fold)
-        delta_replay_materialize_reference(state, u_buf, k_buf, g_buf, fold, state_scale, state_rng)
+    if state_rng is not None:
+        state_rng[:, 1].add_((flush_first_counts(cursor, T, L) > 0).to(torch.int64))
     kda = g.dim() == 4
     cfg = config or default_verify_config(K, Bt, kda)
     BV = max(16, min(cfg.block_v, triton.next_power_of_2(V)))
@@ -60,8 +58,8 @@ def launch_verify(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, *, 
     TP = triton.next_power_of_2(T)
     arrive = cfg.arrive and cursor_word_counts_arrivals(cursor, L)
     t = Tensors(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out,
-                state_scale if state_scale is not None else v, cursor, cursor)
-    io = _strides(q, k, v, g, beta, out, cursor, state_scale)
+                state_scale if state_scale is not None else v, state_rng if state_rng is not None else cursor, cursor)
+    io = _strides(q, k, v, g, beta, out, cursor, state_scale, state_rng)
     gb = (*g_buf.stride()[:3], g_buf.stride(3) if kda else 0)
     lay = compiled_in(Layout(HV, HV // Hk, K, V, L, *state.stride(), *u_buf.stride(), *k_buf.stride(), *gb))
     # a flush row's appends in tiles of up to 8192 elements (HC heads x TP tokens x BK channels)
@@ -69,7 +67,7 @@ def launch_verify(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, *, 
     verify_kernel[(Bt * HV * NV,)](t, io, lay, NV, T, KDA=kda, BK=BK, BV=BV, LP=max(16, triton.next_power_of_2(L)),
                                    WRITE_IDLE=bool(write_idle), ARRIVE=arrive,
                                    DOT_PREC=dot_precision("bf16x3"),
-                                   FMT=state_format(state.dtype) if is_scaled(state.dtype) else 0,
+                                   FMT=state_format(state.dtype), SR=state_rng is not None,
                                    num_warps=cfg.num_warps, **tiles)
     if not arrive:
         commit_kernel[(Bt,)](t, io, lay, T, KDA=kda, BK=BK, num_warps=cfg.num_warps, **tiles)

@@ -26,9 +26,9 @@ row overwrite slots that every program of the row reads for its fold, so the row
 to arrive at the cursor word (``kernels/cursor.py``) writes them, and the cursor (``ARRIVE``);
 without arrivals a second launch does (``commit_kernel``).
 
-An int8 / fp8 checkpoint (FMT >= 3) is read through its column scales; it is never folded here
-(the launch folds the flush-first rows of such a checkpoint, or of a stochastically rounded one,
-before it).
+An int8 / fp8 checkpoint (FMT >= 3) is read through its column scales, and a flush-first row
+stores its codes and scales (``tiles.round_state_tile``; SR: stochastically, under the row's
+counter, which the launch advances first).
 """
 
 from __future__ import annotations
@@ -42,12 +42,12 @@ from ..cursor import count_arrival, cursor_of_word
 from ..quant_triton import codes_to_f32
 from ..split_dot import dot_f32
 from .gates import previous_gate_sum
-from .tiles import column_scale, head_block
+from .tiles import column_scale, head_block, round_state_tile
 
 #: strides of the window inputs (Bt, T, heads, dim), the output, the cursor and the checkpoint's
 #: scales (runtime arguments)
 VerifyStrides = namedtuple("VerifyStrides", "q_b q_t q_h q_k k_b k_t k_h k_k v_b v_t v_h v_v g_b g_t g_h g_k "
-                                            "beta_b beta_t beta_h out_b out_t out_h out_v cur sc_b sc_h sc_v")
+                                            "beta_b beta_t beta_h out_b out_t out_h out_v cur sc_b sc_h sc_v rng_b")
 
 
 @triton.jit
@@ -179,7 +179,7 @@ def _window_loop(S, b, h, hk, c0, T, offs_k, mk_in, offs_v, mv_in, o_cols, activ
 @triton.jit
 def verify_kernel(t, io, lay, NV, T, KDA: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   LP: tl.constexpr, TP: tl.constexpr, HC: tl.constexpr, HP: tl.constexpr, WRITE_IDLE: tl.constexpr,
-                  ARRIVE: tl.constexpr, DOT_PREC: tl.constexpr, FMT: tl.constexpr):
+                  ARRIVE: tl.constexpr, DOT_PREC: tl.constexpr, FMT: tl.constexpr, SR: tl.constexpr):
     """One verify step (module notes) of T tokens, NV column blocks per value head; TP >= T, HC, HP:
     the appends' tiles (``append_flush_row``). ARRIVE: every program arrives at its row's cursor word once the
     ring's keys and gates are read; the last one stores the next cursor and, at its end, a flush
@@ -208,9 +208,20 @@ def verify_kernel(t, io, lay, NV, T, KDA: tl.constexpr, BK: tl.constexpr, BV: tl
     S = _ring_state(s_ptrs, mk_in[:, None] & mv_in[None, :], column_scale(b, h, offs_v, mv_in, t, io, FMT),
                     t.k_buf + b * lay.kb_b + hk * lay.kb_h, t.g_buf + b * lay.gb_b + h * lay.gb_h, ub_base, offs_k,
                     mk_in, offs_v, mv_in, offs_l, offs_l < cc, cc, lay, KDA, DOT_PREC, FMT)
-    S_new = S.to(t.state.dtype.element_ty)  # a flush row's checkpoint, rounded once
-    tl.store(s_ptrs, S_new, mask=mk[:, None] & (offs_v < tl.where(flush, lay.V, 0))[None, :])
-    S = tl.where(flush, S_new.to(tl.float32), S)
+    # a flush row's checkpoint, rounded once (its scales too), and the window runs from what it stored
+    mv_flush = offs_v < tl.where(flush, lay.V, 0)
+    if (FMT >= 3) | SR:
+        q, d = round_state_tile(S, mk[:, None] & mv[None, :], b, h, offs_k, offs_v, t, io, lay, FMT, SR)
+        S_new = q.to(t.state.dtype.element_ty)
+        S_stored = codes_to_f32(S_new, FMT)
+        if FMT >= 3:
+            tl.store(t.scale + b * io.sc_b + h * io.sc_h + offs_v * io.sc_v, d, mask=mv_flush)
+            S_stored = S_stored * d[None, :]
+    else:
+        S_new = S.to(t.state.dtype.element_ty)
+        S_stored = S_new.to(tl.float32)
+    tl.store(s_ptrs, S_new, mask=mk[:, None] & mv_flush[None, :])
+    S = tl.where(flush, S_stored, S)
 
     if active & (c + T <= lay.L) & (i_v == 0):  # keys and gates past the history: nobody reads those slots
         append_window_entries(b, h, c0, h % lay.GROUP == 0, T, offs_t, offs_k, mk, t, io, lay, KDA)

@@ -35,28 +35,29 @@ import triton
 import triton.language as tl
 
 from ..cursor import count_arrival, cursor_of_word
-from ..quant_triton import codes_to_f32
+from ..quant_triton import codes_to_f32, quantize_tile, row_key, uniform_bits
 from ..split_dot import dot_f32 as _dot
 from .heads import head_constants, process_dt
 
 #: the tensors of a verify launch (optional ones replaced by ``x``, with zero strides; ``arrivals``
 #: by ``cursor`` when the cursor word counts the arrivals)
-Tensors = namedtuple("Tensors", "x dt B C state x_buf dt_buf B_buf cursor A dt_bias D z out arrivals scale")
+Tensors = namedtuple("Tensors", "x dt B C state x_buf dt_buf B_buf cursor A dt_bias D z out arrivals scale rng")
 #: the window length T and the strides of the per-step inputs and the output (``_t``: the window
 #: token), runtime arguments: a speculative run verifies windows of many lengths, and every T that
 #: rounds up to the same BLOCK_T shares one compiled program
 IoStrides = namedtuple("IoStrides", "T x_b x_t x_h x_p dt_b dt_t dt_h B_b B_t B_g B_n C_b C_t C_g C_n cur A "
                                     "dt_bias D z_b z_t z_h z_p out_b out_t out_h out_p")
-#: sizes, program split and the checkpoint / ring / scale strides (compiled in)
+#: sizes, program split and the checkpoint / ring / scale / random-number-state strides (compiled in)
 Layout = namedtuple("Layout", "P N L G H HPG HC n_hc n_pb s_b s_h s_p s_n xb_b xb_h xb_l xb_p db_b db_h db_l "
-                              "Bb_b Bb_g Bb_l Bb_n sc_b sc_h sc_p")
+                              "Bb_b Bb_g Bb_l Bb_n sc_b sc_h sc_p rng_b")
 #: compile-time switches and block sizes (``verify_launch.verify_flags``). LOWP_S0C / LOWP_BC: the
 #: ``C . S0`` / ``C . B`` products on 16-bit operands of one dtype (exact products, fp32 sums);
 #: otherwise on fp32 operands at DOT_PREC. BLOCK_T: T rounded up to a power of two, at least 8. FMT:
-#: the checkpoint's format (``quant_triton``; int8 / fp8 ones are read through their lane scales and
-#: never folded here: the launch folds their flush-first rows before it)
+#: the checkpoint's format (``quant_triton``: int8 / fp8 ones are read through their lane scales, and
+#: a flush-first fold, one state tile wide, stores their codes and scales); SR: stochastic rounding
+#: of that fold under the row's counter (advanced before the launch)
 Flags = namedtuple("Flags", "HAS_DT_BIAS HAS_D HAS_Z DT_SOFTPLUS ZERO_IDLE ON_CURSOR LOWP_S0C LOWP_BC DOT_PREC "
-                            "BLOCK_P BLOCK_N BLOCK_L BLOCK_T BLOCK_G BLOCK_H FMT")
+                            "BLOCK_P BLOCK_N BLOCK_L BLOCK_T BLOCK_G BLOCK_H FMT SR")
 
 
 @triton.jit
@@ -157,7 +158,8 @@ def _fold_tile(s0, br, b, h, nn, offs_p, mask_p, a_h, ring_l, xr, dtr, t, lay, k
     """A flushing row's checkpoint tile (transposed, BLOCK_N x BLOCK_P) after its ``c`` ring entries:
     ``abar S0 + B^T diag(w) X`` (fp32; ``xr``, ``dtr``: head ``h``'s ring x (BLOCK_L, BLOCK_P) and dt
     (BLOCK_L,), 0 past c; ``br``: the group's ring B (BLOCK_N, BLOCK_L), any value past c), stored
-    rounded; returns the stored tile (checkpoint dtype)."""
+    rounded; returns the stored tile (checkpoint dtype; int8 / fp8: fp32 values, its codes times the
+    scales it stored, for which the tile spans N)."""
     pc = tl.sum(dtr, 0)
     w = dtr * tl.exp(tl.minimum(a_h * (pc - tl.cumsum(dtr, 0)), 0.0))
     wb = tl.where(ring_l[None, :], br.to(tl.float32) * w[None, :], 0.0)
@@ -167,9 +169,23 @@ def _fold_tile(s0, br, b, h, nn, offs_p, mask_p, a_h, ring_l, xr, dtr, t, lay, k
     else:
         upd = _dot(wb, xq, False, k.DOT_PREC)
     s_new = tl.exp(tl.minimum(a_h * pc, 0.0)) * s0.to(tl.float32) + upd
+    m2 = (nn < lay.N)[:, None] & mask_p[None, :]
+    ptrs = t.state + b * lay.s_b + h * lay.s_h + nn[:, None] * lay.s_n + offs_p[None, :] * lay.s_p
+    if (k.FMT >= 3) | k.SR:
+        if k.SR:  # the bits of element (h P + p) N + n under the row's key, as the reference draws them
+            key = row_key(tl.load(t.rng + b * lay.rng_b), tl.load(t.rng + b * lay.rng_b + 1))
+            u = uniform_bits(key, (h * lay.P + offs_p[None, :]) * lay.N + nn[:, None])
+        else:
+            u = 0
+        q, d = quantize_tile(tl.where(m2, s_new, 0.0), u, 0, k.FMT, k.SR)
+        sq = q.to(t.state.dtype.element_ty)
+        tl.store(ptrs, sq, mask=m2)
+        if k.FMT >= 3:
+            tl.store(t.scale + b * lay.sc_b + h * lay.sc_h + offs_p * lay.sc_p, d, mask=mask_p)
+            return codes_to_f32(sq, k.FMT) * d[None, :]
+        return sq
     sq = s_new.to(t.state.dtype.element_ty)
-    tl.store(t.state + b * lay.s_b + h * lay.s_h + nn[:, None] * lay.s_n + offs_p[None, :] * lay.s_p, sq,
-             mask=(nn < lay.N)[:, None] & mask_p[None, :])
+    tl.store(ptrs, sq, mask=m2)
     return sq
 
 

@@ -86,3 +86,20 @@ def test_missing_scales_are_refused(kind):
     for fn in (_impl(kind, "reference"), _impl(kind, "triton")):
         with pytest.raises(ValueError, match="needs state_scale"):
             fn(*layer.verify_args(toks))
+
+
+def test_a_scaled_fold_needs_the_state_dim_in_one_tile():
+    """The Mamba-2 verify quantizes a flush-first row's checkpoint over N in one tile: a launch
+    configuration that splits N is refused before anything is written."""
+    if not (triton_available() and (DEV == "cuda" or triton_interpreter_on())):
+        pytest.skip("the Triton kernels need CUDA or TRITON_INTERPRET=1")
+    from replayssm.kernels.mamba2.config import VerifyConfig
+    from replayssm.kernels.mamba2.verify_launch import launch_verify
+
+    layer = Mamba2Layer(2, N=32, L=4).to(DEV).quantize(torch.int8)
+    toks = layer.tokens(2)
+    before = layer.state.clone(), layer.cursor.clone()
+    with pytest.raises(ValueError, match="expected block_n >= N = 32, found block_n = 16"):
+        launch_verify(*layer.verify_args(toks), torch.empty_like(toks[0]), True, config=VerifyConfig(16, 1, 16, 4),
+                      state_scale=layer.scale)
+    assert torch.equal(layer.state, before[0]) and torch.equal(layer.cursor, before[1])
