@@ -89,3 +89,38 @@ def test_triton_backend_speculative_equals_plain_greedy(family, monkeypatch):
     # one launch per crop for every layer (rounds the drafter had no room for crop nothing, also at once)
     assert ssm_layers >= 2 and len(grouped) >= len(drafter.log) and all(n == ssm_layers for n, _ in grouped)
     assert [g for g in grouped if g[1]] == [(ssm_layers, k - a) for k, a in drafter.log if a < k], drafter.log
+
+
+@pytest.mark.parametrize("family,state_dtype", [("nemotron_h", "int8"), ("qwen3_5", "fp8")])
+def test_triton_backend_speculative_on_an_8bit_checkpoint(family, state_dtype, monkeypatch):
+    """A one-token prompt, then every draft of 3 accepted with L = 8 (windows on the flush grid, see
+    test_speculative_generate): the verify kernels read the 8-bit checkpoint through its scales and
+    fold it themselves (no reference verify or fold runs), token for token plain greedy decoding
+    through the decode kernels."""
+    import replayssm
+    from replayssm.kernels.delta import verify_ops as delta_verify_ops
+    from replayssm.kernels.mamba2 import verify_ops as mamba2_verify_ops
+    from replayssm.patches.compat import assisted_generation_gap
+    from speculative_helpers import ScriptedDrafter, drafting
+
+    model = tiny(family)
+    if assisted_generation_gap(model):
+        pytest.skip(assisted_generation_gap(model))
+    ids = torch.randint(3, 512, (1, 1), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones_like(ids)
+    replayssm.patch(model, buffer_len=8, state_dtype=state_dtype, backend="triton")
+    try:
+        ref = generate(model, ids, mask, max_new_tokens=13, min_new_tokens=13)
+
+        def no_reference(*args, **kwargs):
+            raise AssertionError("a PyTorch reference ran instead of the Triton verify")
+
+        monkeypatch.setattr(mamba2_verify_ops, "mamba2_replay_verify_reference", no_reference)
+        monkeypatch.setattr(delta_verify_ops, "delta_replay_verify_reference", no_reference)
+        drafter = ScriptedDrafter(model, ref.sequences, 3, min_draft=3, agree_all=True, plain_first=True)
+        with drafting(model, drafter):
+            out = generate(model, ids, mask, max_new_tokens=13, min_new_tokens=13, prompt_lookup_num_tokens=3)
+    finally:
+        replayssm.unpatch(model)
+    assert torch.equal(out.sequences, ref.sequences), drafter.log
+    assert [k for k, _ in drafter.log][:4] == [0, 3, 3, 3], drafter.log  # the third window folds first
