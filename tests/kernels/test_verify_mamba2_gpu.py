@@ -194,5 +194,14 @@ def test_opcheck():
     win = Window(3, 8, 32, 64, 2, 8, F32, BF16, [0, 6, -1], seed=15)
     x, dt, B, C, z = win.tokens(3)
     out = torch.zeros(x.shape, dtype=x.dtype, device="cuda")
-    args = (x, dt, B, C, win.state, *win.rings, win.cursor, win.A, win.dt_bias, win.D, z, True, out, False)
+    args = (x, dt, B, C, win.state, *win.rings, win.cursor, win.A, win.dt_bias, win.D, z, True, out, False, None, None)
+    torch.library.opcheck(torch.ops.replayssm.mamba2_replay_verify.default, args)
+    # an int8 checkpoint with its scales and a stochastic fold's random-number state
+    from replayssm.kernels import quant as Q
+
+    state = torch.empty(win.state.shape, dtype=torch.int8, device="cuda")
+    scale = torch.empty(win.state.shape[:3], device="cuda")
+    rng = Q.init_state_rng(3, 1, 0, "cuda")
+    Q.store_state(state, scale, rng, win.state.float(), torch.ones(3, dtype=torch.bool, device="cuda"), -1)
+    args = (x, dt, B, C, state, *win.rings, win.cursor, win.A, win.dt_bias, win.D, z, True, out, False, scale, rng)
     torch.library.opcheck(torch.ops.replayssm.mamba2_replay_verify.default, args)

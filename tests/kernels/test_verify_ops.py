@@ -39,3 +39,18 @@ def test_operator_compiles_fullgraph(kind):
     compiled = torch.compile(lambda *args: op_fn(*args), fullgraph=True, backend="eager")
     y = compiled(*b.verify_args(toks))
     torch.testing.assert_close(y, ref_fn(*a.verify_args(toks)), equal_nan=True)
+
+
+@pytest.mark.parametrize("kind", ["mamba2", "kda"])
+def test_operator_schema_with_scales_and_random_state(kind):
+    """``torch.library.opcheck`` of the operator given an int8 checkpoint's scales and a stochastic
+    fold's random-number state (both mutated on flush-first rows)."""
+    from replayssm.kernels.delta import verify_ops as delta_ops  # noqa: F401
+    from replayssm.kernels.mamba2 import verify_ops as mamba2_ops  # noqa: F401
+
+    layer = CASES[kind][0]().quantize(torch.int8, stochastic=True)
+    layer.cursor.copy_(torch.tensor([6, -1, 2], dtype=torch.int32))
+    toks = layer.tokens(3)
+    out = torch.zeros(toks[layer.out_index].shape)
+    op = torch.ops.replayssm.mamba2_replay_verify if kind == "mamba2" else torch.ops.replayssm.delta_replay_verify
+    torch.library.opcheck(op.default, (*layer.verify_args(toks), out, False, layer.scale, layer.rng))
