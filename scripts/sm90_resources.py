@@ -9,6 +9,7 @@ at a quarter of the fp32 rate). A first filter for launch variants before a GPU 
     python scripts/sm90_resources.py --family mamba2 --batch 256 --T 5
     python scripts/sm90_resources.py --family delta --configs "VerifyConfig(block_v=16, num_warps=1)"
     python scripts/sm90_resources.py --kernel replay --family mamba2 --state-dtype int8 --ops
+    python scripts/sm90_resources.py --family kda --state-dtype bfloat16 --stochastic
 """
 
 from __future__ import annotations
@@ -124,7 +125,13 @@ def _parse(configs, cls) -> list:
     return out
 
 
-def _mamba2(batch, T, L, act, configs):
+def _quant_args(batch, sdt, scale_shape, stochastic) -> dict:
+    """The launch's state_scale / state_rng for a checkpoint of ``sdt``."""
+    return dict(state_scale=torch.zeros(batch, *scale_shape) if is_scaled(sdt) else None,
+                state_rng=torch.zeros(batch, 2, dtype=torch.int64) if stochastic else None)
+
+
+def _mamba2(batch, T, L, act, sdt, stochastic, configs):
     from replayssm.kernels.mamba2 import verify_launch
     from replayssm.kernels.mamba2.config import VerifyConfig, verify_config
 
@@ -132,15 +139,15 @@ def _mamba2(batch, T, L, act, configs):
     H, P, N, G = 96, 80, 128, 8  # nemotron3-nano
     z = torch.zeros
     args = (z(batch, T, H, P, dtype=act), z(batch, T, H, dtype=act), z(batch, T, G, N, dtype=act),
-            z(batch, T, G, N, dtype=act), z(batch, H, P, N), z(batch, H, L, P, dtype=act), z(batch, H, L),
+            z(batch, T, G, N, dtype=act), z(batch, H, P, N).to(sdt), z(batch, H, L, P, dtype=act), z(batch, H, L),
             z(batch, G, L, N, dtype=act), z(batch, dtype=torch.int32), z(H), z(H), z(H), None, True,
             z(batch, T, H, P, dtype=act), True)
     for cfg in [verify_config(batch, H, P, N, G, 132)] + _parse(configs, VerifyConfig):
-        verify_launch.launch_verify(*args, cfg)
+        verify_launch.launch_verify(*args, cfg, **_quant_args(batch, sdt, (H, P), stochastic))
         yield cfg, _compiled(shims)
 
 
-def _delta(batch, T, L, act, configs, kda=False):
+def _delta(batch, T, L, act, sdt, stochastic, configs, kda=False):
     from replayssm.kernels.delta import verify_launch
     from replayssm.kernels.delta.config import VerifyConfig, default_verify_config
 
@@ -150,10 +157,11 @@ def _delta(batch, T, L, act, configs, kda=False):
     g = z(batch, T, HV, K) if kda else z(batch, T, HV)
     gb = z(batch, HV, L, K) if kda else z(batch, HV, L)
     args = (z(batch, T, Hk, K), z(batch, T, Hk, K), z(batch, T, HV, V, dtype=act), g, z(batch, T, HV),
-            z(batch, HV, K, V), z(batch, HV, L, V, dtype=act), z(batch, Hk, L, K, dtype=act), gb,
+            z(batch, HV, K, V).to(sdt), z(batch, HV, L, V, dtype=act), z(batch, Hk, L, K, dtype=act), gb,
             z(batch, dtype=torch.int32), z(batch, T, HV, V, dtype=act))
-    for cfg in [default_verify_config(K, batch, kda)] + _parse(configs, VerifyConfig):
-        verify_launch.launch_verify(*args, write_idle=True, config=cfg)
+    rounds = is_scaled(sdt) or stochastic
+    for cfg in [default_verify_config(K, batch, kda, rounds)] + _parse(configs, VerifyConfig):
+        verify_launch.launch_verify(*args, write_idle=True, config=cfg, **_quant_args(batch, sdt, (HV, V), stochastic))
         yield cfg, _compiled(shims)
 
 
@@ -205,7 +213,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--T", type=int, default=5, help="verify window")
     ap.add_argument("--L", type=int, default=16)
-    ap.add_argument("--state-dtype", choices=tuple(DTYPES), default="float32", help="replay checkpoint dtype")
+    ap.add_argument("--state-dtype", choices=tuple(DTYPES), default="float32", help="checkpoint dtype")
+    ap.add_argument("--stochastic", action="store_true", help="verify: stochastic rounding of the fold")
     ap.add_argument("--configs", nargs="*", default=[],
                     help="VerifyConfig(...) / LaunchConfig(...) expressions beside the default")
     ap.add_argument("--ops", action="store_true", help="also the most frequent SASS instructions")
@@ -217,8 +226,8 @@ def main(argv=None) -> int:
     act, sdt = torch.bfloat16, DTYPES[args.state_dtype]
     kda = args.family == "kda"
     if args.kernel == "verify":
-        rows = (_mamba2(args.batch, args.T, args.L, act, args.configs) if args.family == "mamba2"
-                else _delta(args.batch, args.T, args.L, act, args.configs, kda=kda))
+        rows = (_mamba2(args.batch, args.T, args.L, act, sdt, args.stochastic, args.configs) if args.family == "mamba2"
+                else _delta(args.batch, args.T, args.L, act, sdt, args.stochastic, args.configs, kda=kda))
     else:
         rows = (_mamba2_replay(args.batch, args.L, act, sdt, args.configs) if args.family == "mamba2"
                 else _delta_replay(args.batch, args.L, act, sdt, args.configs, kda=kda))

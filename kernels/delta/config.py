@@ -142,14 +142,20 @@ class VerifyConfig:
 
 
 @functools.lru_cache(maxsize=256)
-def default_verify_config(K: int, Bt: int = 1, kda: bool = False) -> VerifyConfig:
+def default_verify_config(K: int, Bt: int = 1, kda: bool = False, rounds: bool = False) -> VerifyConfig:
     """The verify step of ``Bt`` rows of a layer with key dim ``K``, up to K = 128: Gated DeltaNet on
     one warp per program, 16 value columns below batch 32 (more programs) and 32 from there; KDA 16
     columns on 4 warps below batch 32 and 64 on 2 from there (each the fastest of a sweep). Above
-    K = 128 the one-launch decode kernel's tile: 32 columns on 8 warps. Timings:
-    ``examples/benchmarks/TUNING.md``."""
+    K = 128 the one-launch decode kernel's tile: 32 columns on 8 warps. ``rounds``: the fold rounds
+    through ``quantize_tile`` (int8 / fp8, stochastic rounding), which spills on one or two warps
+    (sm_90: 280-920 bytes of stack, none on twice the warps), so those programs get twice the warps.
+    Timings: ``examples/benchmarks/TUNING.md``."""
     if triton.next_power_of_2(K) > 128:
         return VerifyConfig(block_v=32, num_warps=8)
     if not kda:
-        return VerifyConfig(block_v=16 if Bt < 32 else 32, num_warps=1)
-    return VerifyConfig(block_v=16, num_warps=4) if Bt < 32 else VerifyConfig(block_v=64, num_warps=2)
+        cfg = VerifyConfig(block_v=16 if Bt < 32 else 32, num_warps=1)
+    else:
+        cfg = VerifyConfig(block_v=16, num_warps=4) if Bt < 32 else VerifyConfig(block_v=64, num_warps=2)
+    if rounds and cfg.num_warps <= 2:
+        cfg = VerifyConfig(block_v=cfg.block_v, num_warps=2 * cfg.num_warps, arrive=cfg.arrive)
+    return cfg

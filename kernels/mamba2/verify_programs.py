@@ -182,11 +182,13 @@ def _fold_tile(s0, br, b, h, nn, offs_p, mask_p, a_h, ring_l, xr, dtr, t, lay, k
         tl.store(ptrs, sq, mask=m2)
         if k.FMT >= 3:
             tl.store(t.scale + b * lay.sc_b + h * lay.sc_h + offs_p * lay.sc_p, d, mask=mask_p)
-            return codes_to_f32(sq, k.FMT) * d[None, :]
-        return sq
-    sq = s_new.to(t.state.dtype.element_ty)
-    tl.store(ptrs, sq, mask=m2)
-    return sq
+            stored = codes_to_f32(sq, k.FMT) * d[None, :]
+        else:
+            stored = sq
+    else:
+        stored = s_new.to(t.state.dtype.element_ty)
+        tl.store(ptrs, stored, mask=m2)
+    return stored  # (one return: the compiler visits the code after a constexpr branch)
 
 
 @triton.jit

@@ -82,3 +82,22 @@ def test_mamba2_8bit_split_launches_compile_for_sm90():
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "split_routes=True, flush_warps=2" in proc.stdout, proc.stdout
         assert proc.stdout.count("replay_kernel: REG:") == 2, proc.stdout
+
+
+def test_verify_kernels_on_rounding_checkpoints_compile_for_sm90_without_spills():
+    """The verify programs whose flush-first fold rounds (int8 / fp8 codes and scales, stochastic
+    bf16) compiled to cubins at their default launches, batch 8 and 256, through
+    ``scripts/sm90_resources.py``: no stack (the compiler, not the interpreter, checks their types;
+    its register allocation sets the delta rule's warps for them)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    for family, dtype, batch in (("mamba2", "int8", 256), ("mamba2", "bfloat16 --stochastic", 8),
+                                 ("delta", "int8", 256), ("delta", "float8_e4m3fn", 8),
+                                 ("kda", "bfloat16 --stochastic", 256), ("kda", "int8", 8)):
+        proc = subprocess.run([sys.executable, str(root / "scripts" / "sm90_resources.py"), "--family", family,
+                               "--state-dtype", *dtype.split(), "--batch", str(batch)], capture_output=True,
+                              text=True, timeout=600, env=env, cwd=root)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "verify_kernel: REG:" in proc.stdout and "STACK:0 " in proc.stdout, (family, dtype, proc.stdout)
