@@ -110,19 +110,20 @@ def _tiny_llama():
     return transformers.LlamaForCausalLM(config).eval()
 
 
-@pytest.mark.parametrize("draft", ["llama", "patched_hybrid"])
+@pytest.mark.parametrize("draft", ["llama", "patched_hybrid", "patched_hybrid_int8"])
 @pytest.mark.parametrize("family", ["nemotron_h", "qwen3_5", "kimi_linear"])
 def test_a_draft_model(family, draft):
     """A small draft model sharing the vocabulary: a plain transformer, or a patched hybrid (whose
-    own cache then rolls back too: a 2-token forward and single steps per round, cropped after)."""
+    own cache then rolls back too: a 2-token forward and single steps per round, cropped after; an
+    int8 checkpoint folds what a full ring of single steps cannot hold through its scales)."""
     model = tiny(family)
     ids, mask = _prompt(seed=4)
     assistant = _tiny_llama() if draft == "llama" else tiny("qwen3_5" if family != "qwen3_5" else "nemotron_h")
     assistant.generation_config.num_assistant_tokens = 5
     assistant.generation_config.assistant_confidence_threshold = 0.0
     replayssm.patch(model, buffer_len=8)
-    if draft == "patched_hybrid":
-        replayssm.patch(assistant, buffer_len=8)
+    if draft.startswith("patched_hybrid"):
+        replayssm.patch(assistant, buffer_len=8, state_dtype="int8" if draft.endswith("int8") else None)
     try:
         ref = generate(model, ids, mask, max_new_tokens=NEW, min_new_tokens=NEW)
         out = generate(model, ids, mask, max_new_tokens=NEW, min_new_tokens=NEW, assistant_model=assistant)
