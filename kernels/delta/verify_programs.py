@@ -209,19 +209,20 @@ def verify_kernel(t, io, lay, NV, T, KDA: tl.constexpr, BK: tl.constexpr, BV: tl
                     t.k_buf + b * lay.kb_b + hk * lay.kb_h, t.g_buf + b * lay.gb_b + h * lay.gb_h, ub_base, offs_k,
                     mk_in, offs_v, mv_in, offs_l, offs_l < cc, cc, lay, KDA, DOT_PREC, FMT)
     # a flush row's checkpoint, rounded once (its scales too), and the window runs from what it stored
-    mv_flush = offs_v < tl.where(flush, lay.V, 0)
     if (FMT >= 3) | SR:
+        mv_flush = offs_v < tl.where(flush, lay.V, 0)
         q, d = round_state_tile(S, mk[:, None] & mv[None, :], b, h, offs_k, offs_v, t, io, lay, FMT, SR)
         S_new = q.to(t.state.dtype.element_ty)
+        tl.store(s_ptrs, S_new, mask=mk[:, None] & mv_flush[None, :])
         S_stored = codes_to_f32(S_new, FMT)
         if FMT >= 3:
             tl.store(t.scale + b * io.sc_b + h * io.sc_h + offs_v * io.sc_v, d, mask=mv_flush)
             S_stored = S_stored * d[None, :]
+        S = tl.where(flush, S_stored, S)
     else:
         S_new = S.to(t.state.dtype.element_ty)
-        S_stored = S_new.to(tl.float32)
-    tl.store(s_ptrs, S_new, mask=mk[:, None] & mv_flush[None, :])
-    S = tl.where(flush, S_stored, S)
+        tl.store(s_ptrs, S_new, mask=mk[:, None] & (offs_v < tl.where(flush, lay.V, 0))[None, :])
+        S = tl.where(flush, S_new.to(tl.float32), S)
 
     if active & (c + T <= lay.L) & (i_v == 0):  # keys and gates past the history: nobody reads those slots
         append_window_entries(b, h, c0, h % lay.GROUP == 0, T, offs_t, offs_k, mk, t, io, lay, KDA)
