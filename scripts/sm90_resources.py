@@ -159,8 +159,7 @@ def _delta(batch, T, L, act, sdt, stochastic, configs, kda=False):
     args = (z(batch, T, Hk, K), z(batch, T, Hk, K), z(batch, T, HV, V, dtype=act), g, z(batch, T, HV),
             z(batch, HV, K, V).to(sdt), z(batch, HV, L, V, dtype=act), z(batch, Hk, L, K, dtype=act), gb,
             z(batch, dtype=torch.int32), z(batch, T, HV, V, dtype=act))
-    rounds = is_scaled(sdt) or stochastic
-    for cfg in [default_verify_config(K, batch, kda, rounds)] + _parse(configs, VerifyConfig):
+    for cfg in [default_verify_config(K, batch, kda, rounds=sdt != torch.float32)] + _parse(configs, VerifyConfig):
         verify_launch.launch_verify(*args, write_idle=True, config=cfg, **_quant_args(batch, sdt, (HV, V), stochastic))
         yield cfg, _compiled(shims)
 

@@ -146,10 +146,11 @@ def default_verify_config(K: int, Bt: int = 1, kda: bool = False, rounds: bool =
     """The verify step of ``Bt`` rows of a layer with key dim ``K``, up to K = 128: Gated DeltaNet on
     one warp per program, 16 value columns below batch 32 (more programs) and 32 from there; KDA 16
     columns on 4 warps below batch 32 and 64 on 2 from there (each the fastest of a sweep). Above
-    K = 128 the one-launch decode kernel's tile: 32 columns on 8 warps. ``rounds``: the fold rounds
-    through ``quantize_tile`` (int8 / fp8, stochastic rounding), which spills on one or two warps
-    (sm_90: 280-920 bytes of stack, none on twice the warps), so those programs get twice the warps.
-    Timings: ``examples/benchmarks/TUNING.md``."""
+    K = 128 the one-launch decode kernel's tile: 32 columns on 8 warps. ``rounds``: a checkpoint
+    stored below fp32, whose fold rounds (a 16-bit cast, or ``quantize_tile`` for int8 / fp8 and
+    stochastic rounding): on one or two warps those programs spill (sm_90: 280-920 bytes of stack at
+    batch 256), on twice as many they do not, so they get twice the warps. Timings and compiles:
+    ``examples/benchmarks/TUNING.md``."""
     if triton.next_power_of_2(K) > 128:
         return VerifyConfig(block_v=32, num_warps=8)
     if not kda:

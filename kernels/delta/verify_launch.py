@@ -52,7 +52,7 @@ def launch_verify(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, *, 
     if state_rng is not None:
         state_rng[:, 1].add_((flush_first_counts(cursor, T, L) > 0).to(torch.int64))
     kda = g.dim() == 4
-    cfg = config or default_verify_config(K, Bt, kda, rounds=state_scale is not None or state_rng is not None)
+    cfg = config or default_verify_config(K, Bt, kda, rounds=state.dtype != torch.float32)
     BV = max(16, min(cfg.block_v, triton.next_power_of_2(V)))
     NV = triton.cdiv(V, BV)
     TP = triton.next_power_of_2(T)

@@ -371,7 +371,7 @@ def test_verify_launch_rule():
     assert default_verify_config(128, 32, True) == VerifyConfig(block_v=64, num_warps=2)
     assert default_verify_config(256, 64, False) == VerifyConfig(block_v=32, num_warps=8)
     assert default_verify_config(256, 64, True) == VerifyConfig(block_v=32, num_warps=8)
-    # a fold that rounds (int8 / fp8, stochastic): twice the warps on programs of one or two
+    # a fold that rounds (a checkpoint below fp32): twice the warps on programs of one or two
     assert default_verify_config(128, 64, False, rounds=True) == VerifyConfig(block_v=32, num_warps=2)
     assert default_verify_config(128, 1, False, rounds=True) == VerifyConfig(block_v=16, num_warps=2)
     assert default_verify_config(128, 32, True, rounds=True) == VerifyConfig(block_v=64, num_warps=4)

@@ -85,8 +85,8 @@ def test_mamba2_8bit_split_launches_compile_for_sm90():
 
 
 def test_verify_kernels_on_rounding_checkpoints_compile_for_sm90_without_spills():
-    """The verify programs whose flush-first fold rounds (int8 / fp8 codes and scales, stochastic
-    bf16) compiled to cubins at their default launches, batch 8 and 256, through
+    """The verify programs whose flush-first fold rounds (bf16, int8 / fp8 codes and scales,
+    stochastic bf16) compiled to cubins at their default launches, batch 8 and 256, through
     ``scripts/sm90_resources.py``: no stack (the compiler, not the interpreter, checks their types;
     its register allocation sets the delta rule's warps for them)."""
     from pathlib import Path
@@ -95,7 +95,7 @@ def test_verify_kernels_on_rounding_checkpoints_compile_for_sm90_without_spills(
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     for family, dtype, batch in (("mamba2", "int8", 256), ("mamba2", "bfloat16 --stochastic", 8),
                                  ("delta", "int8", 256), ("delta", "float8_e4m3fn", 8),
-                                 ("kda", "bfloat16 --stochastic", 256), ("kda", "int8", 8)):
+                                 ("kda", "bfloat16 --stochastic", 256), ("kda", "int8", 8), ("delta", "bfloat16", 256)):
         proc = subprocess.run([sys.executable, str(root / "scripts" / "sm90_resources.py"), "--family", family,
                                "--state-dtype", *dtype.split(), "--batch", str(batch)], capture_output=True,
                               text=True, timeout=600, env=env, cwd=root)
