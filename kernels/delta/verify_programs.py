@@ -44,8 +44,8 @@ from ..split_dot import dot_f32
 from .gates import previous_gate_sum
 from .tiles import column_scale, head_block, round_state_tile
 
-#: strides of the window inputs (Bt, T, heads, dim), the output, the cursor and the checkpoint's
-#: scales (runtime arguments)
+#: strides of the window inputs (Bt, T, heads, dim), the output, the cursor, the checkpoint's scales
+#: and the rows' random-number state (runtime arguments)
 VerifyStrides = namedtuple("VerifyStrides", "q_b q_t q_h q_k k_b k_t k_h k_k v_b v_t v_h v_v g_b g_t g_h g_k "
                                             "beta_b beta_t beta_h out_b out_t out_h out_v cur sc_b sc_h sc_v rng_b")
 
