@@ -91,7 +91,7 @@ def test_triton_backend_speculative_equals_plain_greedy(family, monkeypatch):
     assert [g for g in grouped if g[1]] == [(ssm_layers, k - a) for k, a in drafter.log if a < k], drafter.log
 
 
-@pytest.mark.parametrize("family,state_dtype", [("nemotron_h", "int8"), ("qwen3_5", "fp8")])
+@pytest.mark.parametrize("family,state_dtype", [("nemotron_h", "int8")])
 def test_triton_backend_speculative_on_an_8bit_checkpoint(family, state_dtype, monkeypatch):
     """A one-token prompt, then every draft of 3 accepted with L = 8 (windows on the flush grid, see
     test_speculative_generate): the verify kernels read the 8-bit checkpoint through its scales and

@@ -93,9 +93,8 @@ def test_verify_kernels_on_rounding_checkpoints_compile_for_sm90_without_spills(
 
     root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    for family, dtype, batch in (("mamba2", "int8", 256), ("mamba2", "bfloat16 --stochastic", 8),
-                                 ("delta", "int8", 256), ("delta", "float8_e4m3fn", 8),
-                                 ("kda", "bfloat16 --stochastic", 256), ("kda", "int8", 8), ("delta", "bfloat16", 256)):
+    for family, dtype, batch in (("mamba2", "int8", 256), ("delta", "bfloat16", 256),
+                                 ("kda", "bfloat16 --stochastic", 256), ("delta", "float8_e4m3fn", 8)):
         proc = subprocess.run([sys.executable, str(root / "scripts" / "sm90_resources.py"), "--family", family,
                                "--state-dtype", *dtype.split(), "--batch", str(batch)], capture_output=True,
                               text=True, timeout=600, env=env, cwd=root)
