@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["conv_rollback_reference", "conv_verify_reference", "flush_first_counts", "rollback_cursor_reference",
-           "verify_start"]
+__all__ = ["advance_fold_counters", "conv_rollback_reference", "conv_verify_reference", "flush_first_counts",
+           "rollback_cursor_reference", "verify_start"]
 
 
 def verify_start(cursor: torch.Tensor, T: int, L: int) -> torch.Tensor:
@@ -36,6 +36,13 @@ def flush_first_counts(cursor: torch.Tensor, T: int, L: int) -> torch.Tensor:
     """(Bt,) in the cursor's dtype: the ring entries each row folds into its checkpoint before a
     T-token window (its cursor where ``c + T > L``, else 0; idle rows 0)."""
     return torch.where((cursor > 0) & (cursor + T > L), cursor, torch.zeros_like(cursor))
+
+
+def advance_fold_counters(state_rng: torch.Tensor, cursor: torch.Tensor, T: int, L: int) -> None:
+    """Advance the stochastic-rounding counter (``state_rng[:, 1]``) of every row that folds before a
+    T-token window: what the reference's fold does for those rows, as one device op a verify launch
+    runs first (its kernel then draws under the advanced counters)."""
+    state_rng[:, 1].add_((flush_first_counts(cursor, T, L) > 0).to(torch.int64))
 
 
 def _window_columns(start: torch.Tensor, width: int, C: int) -> torch.Tensor:

@@ -11,7 +11,7 @@ from ..backend import compiled_in
 from ..cursor import cursor_word_counts_arrivals
 from ..quant import check_quant_args
 from ..quant_triton import state_format
-from ..speculation import flush_first_counts
+from ..speculation import advance_fold_counters
 from ..split_dot import dot_precision
 from .config import VerifyConfig, default_verify_config
 from .programs import Layout, Tensors
@@ -50,7 +50,7 @@ def launch_verify(q, k, v, g, beta, state, u_buf, k_buf, g_buf, cursor, out, *, 
     if Bt == 0:
         return out
     if state_rng is not None:
-        state_rng[:, 1].add_((flush_first_counts(cursor, T, L) > 0).to(torch.int64))
+        advance_fold_counters(state_rng, cursor, T, L)
     kda = g.dim() == 4
     cfg = config or default_verify_config(K, Bt, kda, rounds=state.dtype != torch.float32)
     BV = max(16, min(cfg.block_v, triton.next_power_of_2(V)))

@@ -70,18 +70,28 @@ def head_scale(b, h, offs_p, mask_p, t, io, k):
 
 
 @triton.jit
-def store_state_tile(ptrs, s_new, m2, b, h, offs_p, mask_p, nn, t, io, lay, k):
-    """Store a flush tile (BLOCK_P, N-tile) of the new checkpoint: a plain cast, or (FMT >= 3 / SR)
-    through ``quant_triton.quantize_tile`` with this tile's scales (the tile spans N) and the
-    random bits of element ``(h P + p) N + n`` under the row's key (``state_rng`` [seed, counter],
-    the counter advanced before the launch)."""
-    if (k.FMT >= 3) | k.SR:
-        if k.SR:
-            key = row_key(tl.load(t.rng + b * io.rng_b), tl.load(t.rng + b * io.rng_b + 1))
+def round_state_tile(s_new, m2, b, h, offs_p, nn, t, io, lay, k, AXIS: tl.constexpr):
+    """``quant_triton.quantize_tile`` of a checkpoint tile that spans N (lanes off ``m2`` count as
+    zero): (BLOCK_P, N-tile) over AXIS 1, or transposed (N-tile, BLOCK_P) over AXIS 0. Returns
+    (values whose cast to the stored dtype is exact, lane scales), with the random bits of element
+    ``(h P + p) N + n`` under the row's key (``state_rng`` [seed, counter], the counter advanced
+    before the launch) when SR."""
+    u = 0
+    if k.SR:
+        key = row_key(tl.load(t.rng + b * io.rng_b), tl.load(t.rng + b * io.rng_b + 1))
+        if AXIS == 1:
             u = uniform_bits(key, (h * lay.P + offs_p[:, None]) * lay.N + nn[None, :])
         else:
-            u = 0
-        q, d = quantize_tile(tl.where(m2, s_new, 0.0), u, 1, k.FMT, k.SR)
+            u = uniform_bits(key, (h * lay.P + offs_p[None, :]) * lay.N + nn[:, None])
+    return quantize_tile(tl.where(m2, s_new, 0.0), u, AXIS, k.FMT, k.SR)
+
+
+@triton.jit
+def store_state_tile(ptrs, s_new, m2, b, h, offs_p, mask_p, nn, t, io, lay, k):
+    """Store a flush tile (BLOCK_P, N-tile) of the new checkpoint: a plain cast, or (FMT >= 3 / SR)
+    through ``round_state_tile`` (its lane scales stored too)."""
+    if (k.FMT >= 3) | k.SR:
+        q, d = round_state_tile(s_new, m2, b, h, offs_p, nn, t, io, lay, k, 1)
         tl.store(ptrs, q.to(t.state.dtype.element_ty), mask=m2)
         if k.FMT >= 3:
             tl.store(t.scale + b * io.sc_b + h * io.sc_h + offs_p * io.sc_p, d, mask=mask_p)

@@ -10,7 +10,7 @@ from ..backend import compiled_in, num_sms, pow2
 from ..cursor import cursor_word_counts_arrivals
 from ..quant import check_quant_args, is_scaled
 from ..quant_triton import state_format
-from ..speculation import flush_first_counts
+from ..speculation import advance_fold_counters
 from ..split_dot import dot_precision
 from .config import VerifyConfig, program_split, verify_config
 from .launch import _arrival_counter
@@ -58,7 +58,7 @@ def launch_verify(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, 
         raise ValueError(f"the fold of a {state.dtype} checkpoint quantizes over the whole state dim in one tile; "
                          f"expected block_n >= N = {N}, found block_n = {cfg.block_n} (N <= 256 with the defaults)")
     if state_rng is not None:
-        state_rng[:, 1].add_((flush_first_counts(cursor, T, L) > 0).to(torch.int64))
+        advance_fold_counters(state_rng, cursor, T, L)
     HC, n_hc, n_pb = program_split(cfg, H, P, G)
     on_cursor = cursor_word_counts_arrivals(cursor, L)
     t = Tensors(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias if dt_bias is not None else x,
@@ -67,10 +67,11 @@ def launch_verify(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, 
                 state_rng if state_rng is not None else cursor)
     io = IoStrides(T, *x.stride(), *dt.stride(), *B.stride(), *C.stride(), cursor.stride(0), A.stride(0),
                    dt_bias.stride(0) if dt_bias is not None else 0, D.stride(0) if D is not None else 0,
-                   *(z.stride() if z is not None else (0, 0, 0, 0)), *out.stride())
+                   *(z.stride() if z is not None else (0, 0, 0, 0)), *out.stride(),
+                   *(state_scale.stride() if state_scale is not None else (0, 0, 0)),
+                   state_rng.stride(0) if state_rng is not None else 0)
     lay = Layout(P, N, L, G, H, H // G, HC, n_hc, n_pb, *state.stride(), *x_buf.stride(), *dt_buf.stride(),
-                 *B_buf.stride(), *(state_scale.stride() if state_scale is not None else (0, 0, 0)),
-                 state_rng.stride(0) if state_rng is not None else 0)
+                 *B_buf.stride())
     flags = verify_flags(cfg, N, L, T, G, H, has_dt_bias=dt_bias is not None, has_D=D is not None,
                          has_z=z is not None, dt_softplus=dt_softplus, zero_idle=zero_idle, on_cursor=on_cursor,
                          lowp_s0c=_same_lowp(state.dtype, C.dtype), lowp_bc=_same_lowp(B_buf.dtype, C.dtype),

@@ -35,9 +35,9 @@ import triton
 import triton.language as tl
 
 from ..cursor import count_arrival, cursor_of_word
-from ..quant_triton import codes_to_f32, quantize_tile, row_key, uniform_bits
+from ..quant_triton import codes_to_f32
 from ..split_dot import dot_f32 as _dot
-from .heads import head_constants, process_dt
+from .heads import head_constants, head_scale, process_dt, round_state_tile
 
 #: the tensors of a verify launch (optional ones replaced by ``x``, with zero strides; ``arrivals``
 #: by ``cursor`` when the cursor word counts the arrivals)
@@ -46,10 +46,10 @@ Tensors = namedtuple("Tensors", "x dt B C state x_buf dt_buf B_buf cursor A dt_b
 #: token), runtime arguments: a speculative run verifies windows of many lengths, and every T that
 #: rounds up to the same BLOCK_T shares one compiled program
 IoStrides = namedtuple("IoStrides", "T x_b x_t x_h x_p dt_b dt_t dt_h B_b B_t B_g B_n C_b C_t C_g C_n cur A "
-                                    "dt_bias D z_b z_t z_h z_p out_b out_t out_h out_p")
-#: sizes, program split and the checkpoint / ring / scale / random-number-state strides (compiled in)
+                                    "dt_bias D z_b z_t z_h z_p out_b out_t out_h out_p sc_b sc_h sc_p rng_b")
+#: sizes, program split and the checkpoint / ring strides (compiled in)
 Layout = namedtuple("Layout", "P N L G H HPG HC n_hc n_pb s_b s_h s_p s_n xb_b xb_h xb_l xb_p db_b db_h db_l "
-                              "Bb_b Bb_g Bb_l Bb_n sc_b sc_h sc_p rng_b")
+                              "Bb_b Bb_g Bb_l Bb_n")
 #: compile-time switches and block sizes (``verify_launch.verify_flags``). LOWP_S0C / LOWP_BC: the
 #: ``C . S0`` / ``C . B`` products on 16-bit operands of one dtype (exact products, fp32 sums);
 #: otherwise on fp32 operands at DOT_PREC. BLOCK_T: T rounded up to a power of two, at least 8. FMT:
@@ -80,8 +80,7 @@ def _pair_loads(b, h, nn, rem, offs_p, mask_p, t, io, lay, k):
     s0 = tl.load(t.state + b * lay.s_b + h * lay.s_h + nn[:, None] * lay.s_n + offs_p[None, :] * lay.s_p,
                  mask=okn[:, None] & okp[None, :], other=0.0)
     if k.FMT >= 3:  # int8 / fp8 codes times their lane's scale
-        sc = tl.load(t.scale + b * lay.sc_b + h * lay.sc_h + offs_p * lay.sc_p, mask=okp, other=0.0)
-        s0 = codes_to_f32(s0, k.FMT) * sc[None, :]
+        s0 = codes_to_f32(s0, k.FMT) * head_scale(b, h, offs_p, okp, t, io, k)[None, :]
     xr = tl.load(t.x_buf + b * lay.xb_b + h * lay.xb_h + offs_l[:, None] * lay.xb_l + offs_p[None, :] * lay.xb_p,
                  mask=okl[:, None] & okp[None, :], other=0.0)
     dtr = tl.load(t.dt_buf + b * lay.db_b + h * lay.db_h + offs_l * lay.db_l, mask=okl, other=0.0)
@@ -154,7 +153,7 @@ def _window_BC(b, g, s, append_b, br0, ct0, offs_l, hist_l, win_l, t, io, lay, k
 
 
 @triton.jit
-def _fold_tile(s0, br, b, h, nn, offs_p, mask_p, a_h, ring_l, xr, dtr, t, lay, k):
+def _fold_tile(s0, br, b, h, nn, offs_p, mask_p, a_h, ring_l, xr, dtr, t, io, lay, k):
     """A flushing row's checkpoint tile (transposed, BLOCK_N x BLOCK_P) after its ``c`` ring entries:
     ``abar S0 + B^T diag(w) X`` (fp32; ``xr``, ``dtr``: head ``h``'s ring x (BLOCK_L, BLOCK_P) and dt
     (BLOCK_L,), 0 past c; ``br``: the group's ring B (BLOCK_N, BLOCK_L), any value past c), stored
@@ -172,16 +171,11 @@ def _fold_tile(s0, br, b, h, nn, offs_p, mask_p, a_h, ring_l, xr, dtr, t, lay, k
     m2 = (nn < lay.N)[:, None] & mask_p[None, :]
     ptrs = t.state + b * lay.s_b + h * lay.s_h + nn[:, None] * lay.s_n + offs_p[None, :] * lay.s_p
     if (k.FMT >= 3) | k.SR:
-        if k.SR:  # the bits of element (h P + p) N + n under the row's key, as the reference draws them
-            key = row_key(tl.load(t.rng + b * lay.rng_b), tl.load(t.rng + b * lay.rng_b + 1))
-            u = uniform_bits(key, (h * lay.P + offs_p[None, :]) * lay.N + nn[:, None])
-        else:
-            u = 0
-        q, d = quantize_tile(tl.where(m2, s_new, 0.0), u, 0, k.FMT, k.SR)
+        q, d = round_state_tile(s_new, m2, b, h, offs_p, nn, t, io, lay, k, 0)  # the tile is transposed
         sq = q.to(t.state.dtype.element_ty)
         tl.store(ptrs, sq, mask=m2)
         if k.FMT >= 3:
-            tl.store(t.scale + b * lay.sc_b + h * lay.sc_h + offs_p * lay.sc_p, d, mask=mask_p)
+            tl.store(t.scale + b * io.sc_b + h * io.sc_h + offs_p * io.sc_p, d, mask=mask_p)
             stored = codes_to_f32(sq, k.FMT) * d[None, :]
         else:
             stored = sq
@@ -328,7 +322,7 @@ def _verify_program(t, io, lay, k):
             ct = _window_C(b, g, nn, t, io, lay, k)
         if flush:
             s_t = _fold_tile(s_t, _ring_B(b, g, nn, t, lay, k), b, h, nn, offs_p, mask_p, a_t, ring_l, xr, dtr, t,
-                             lay, k)
+                             io, lay, k)
         s0c += _dot(ct, s_t, k.LOWP_S0C, k.DOT_PREC)
         if kt == NT - 1:  # the head's last tile: its outputs and appends
             _head_outputs(b, h, s, flush, pb, s0c, bc, xr, dtr, wl_t, dtb_t, dco_t, a_t, offs_l, hist_l, win_l,
