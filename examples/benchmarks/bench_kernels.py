@@ -11,6 +11,8 @@ For each (family, layer shape, batch, checkpoint dtype) it times, on the same da
 * with ``--phases``: ``output`` and ``flush``, one step whose rows all take the output-only route
   (cursors at (L - 1) // 2, mid-cycle) and one whose rows all flush (cursors at L - 1), each less the
   cursor fill that precedes it (``baseline_output`` / ``baseline_flush`` for a ``--baseline-tree``);
+* with ``--launch FIELD=VALUE,...`` (repeatable): the replay step with the default ``LaunchConfig`` of
+  each cell with those fields replaced (``launch[...]`` columns), to sweep launch rules in one run;
 * ``step``: our fused per-step kernel (``mamba2_step_decode`` / ``delta_step_decode``);
 * with ``--others``: mamba_ssm's ``selective_state_update`` (its file in ``.bench_vendor/``),
   flash-linear-attention's fused recurrent kernels (fp32 checkpoints, if importable), and
@@ -26,11 +28,15 @@ older than the 8-bit checkpoints, so those rows time replay and such a baseline 
 Method and results: examples/benchmarks/README.md; tuning record: TUNING.md.
 
     python examples/benchmarks/bench_kernels.py --batches 1,32,256 --baseline-tree /tmp/old/kernels
+    python examples/benchmarks/bench_kernels.py --family delta --batches 256 --dtypes int8 \
+        --launch block_k=64 --launch block_v=128,block_k=32
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import dataclasses
 import inspect
 import json
 import math
@@ -101,6 +107,23 @@ class Mamba2Cell:
         kw = {"state_scale": sc} if sc is not None else {}
         mod.mamba2_replay_decode(self.x, self.dt, self.B, self.C, st, xb, db, bb, cur, self.A,
                                  self.dt_bias, self.D, None, True, self.out, backend="triton", **kw)
+
+    def default_config(self):
+        from replayssm.kernels.backend import num_sms
+        from replayssm.kernels.mamba2.config import default_config
+
+        H, P, N, G = self.shape
+        dev = self.x.device
+        return default_config(self.Bt, H, P, N, G, self.L, self.sdt.itemsize, ACT.itemsize,
+                              num_sms(dev.type, dev.index), self.sdt == torch.float8_e4m3fn)
+
+    def call_config(self, cfg, copy):
+        """One step of this checkout's replay launch with the launch knobs ``cfg``."""
+        from replayssm.kernels.mamba2.launch import launch_replay
+
+        st, xb, db, bb, cur, sc = copy
+        launch_replay(self.x, self.dt, self.B, self.C, st, xb, db, bb, cur, self.A, self.dt_bias, self.D, None, True,
+                      self.out, False, config=cfg, state_scale=sc)
 
     def step(self, mod, n=4):
         def body():
@@ -182,6 +205,19 @@ class DeltaCell:
         kw = {"state_scale": sc} if sc is not None else {}
         mod.delta_replay_decode(*self.inputs(), *bufs, self.out, backend="triton", **kw)
 
+    def default_config(self):
+        from replayssm.kernels.delta.config import default_config
+
+        Hk, HV, K, V, kda = self.shape
+        return default_config(self.Bt, K, V, self.sdt, kda)
+
+    def call_config(self, cfg, copy):
+        """One step of this checkout's replay launches with the launch knobs ``cfg``."""
+        from replayssm.kernels.delta.launch import delta_replay_decode_triton
+
+        *bufs, sc = copy
+        delta_replay_decode_triton(*self.inputs(), *bufs, self.out, config=cfg, state_scale=sc)
+
     def step(self, mod, n=8):
         def body():
             for _ in range(n):
@@ -238,6 +274,43 @@ def replay_body(cell, mod):
             for copy in cell.copies:
                 cell.call(mod, copy)
     return body, cell.L * cell.R
+
+
+def config_body(cell, cfg):
+    """``replay_body`` of this checkout's launch with the knobs ``cfg``."""
+    def body():
+        for _ in range(cell.L):
+            for copy in cell.copies:
+                cell.call_config(cfg, copy)
+    return body, cell.L * cell.R
+
+
+def launch_variants(cell, overrides) -> dict:
+    """``launch[...]`` bodies: the cell's default ``LaunchConfig`` with each override set's fields replaced."""
+    out = {}
+    for fields in overrides:
+        try:
+            cfg = dataclasses.replace(cell.default_config(), **fields)
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"--launch {fields}: {exc}") from None
+        out["launch[" + ",".join(f"{k}={v}" for k, v in fields.items()) + "]"] = (*config_body(cell, cfg), False)
+    return out
+
+
+def parse_launch(text: str) -> dict:
+    """``--launch`` text ``FIELD=VALUE,...`` -> {field: Python literal}."""
+    fields = {}
+    for item in filter(None, text.split(",")):
+        name, sep, value = item.partition("=")
+        try:
+            fields[name.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            sep = ""
+        if not sep or not name.strip():
+            raise UsageError(f"--launch takes FIELD=VALUE,... with Python literals; got {text!r}")
+    if not fields:
+        raise UsageError(f"--launch takes FIELD=VALUE,...; got {text!r}")
+    return fields
 
 
 def phase_body(cell, mod, cursor: int | None):
@@ -309,6 +382,7 @@ def bench_cell(family, name, shape, Bt, sdt, args, mods, extra, dev):
             for phase, cursor in (("output", (cell.L - 1) // 2), ("flush", cell.L - 1)):
                 key = phase if tree == "replay" else f"baseline_{phase}"
                 bodies[key] = (*phase_body(cell, mods[tree][family], cursor), False)
+    bodies.update(launch_variants(cell, args.launch))
     if not scaled:
         bodies["step"] = (*cell.step(mods["replay"][family]), False)
     if args.others and not scaled:
@@ -328,7 +402,7 @@ def bench_cell(family, name, shape, Bt, sdt, args, mods, extra, dev):
         times.pop("fill")
     replay_b, step_b = cell.floors()
     ref = "baseline" if "baseline" in med else "replay"
-    floor = {"replay": replay_b, "baseline": replay_b}
+    floor = {k: replay_b for k in med if k in ("replay", "baseline") or k.startswith("launch[")}
     return dict(family=family, shape=name, batch=Bt, checkpoint=str(sdt).replace("torch.", ""), copies=cell.R,
                 bytes_per_seq=cell.bytes_per_seq(),
                 achieved_TBps=round(replay_b / (med["replay"] * 1e-6) / 1e12, 3),
@@ -397,6 +471,9 @@ def parse(argv):
     ap.add_argument("--phases", action="store_true",
                     help="also time the replay's output-only step (cursors at (L - 1) // 2) and its flush step apart")
     ap.add_argument("--baseline-tree", help="another checkout's kernels/ directory, timed beside this one")
+    ap.add_argument("--launch", action="append", default=[], metavar="FIELD=VALUE,...",
+                    help="also the replay step with these LaunchConfig fields replaced in each cell's default "
+                         "(repeatable: one column each)")
     ap.add_argument("--others", action="store_true", help="also mamba_ssm, flash-linear-attention, transformers")
     ap.add_argument("--out", default="out/bench")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, any device (checks the script only)")
@@ -414,6 +491,7 @@ def parse(argv):
     args.dtypes = [DTYPES[d] for d in args.dtypes.split(",")]
     if args.L < 2 or args.reps < 1 or min(args.batches) < 1:
         raise UsageError("--batches and --reps must be positive and --L at least 2")
+    args.launch = [parse_launch(t) for t in args.launch]
     table = SMOKE_SHAPES if args.smoke else SHAPES
     args.cells = {f: dict(table[f]) for f in args.family}
     if args.shapes:
@@ -493,7 +571,11 @@ def main(argv=None) -> int:
         for name, shape in shapes.items():
             for Bt in args.batches:
                 for sdt in args.dtypes:
-                    r = bench_cell(family, name, shape, Bt, sdt, args, mods, extra, dev)
+                    try:
+                        r = bench_cell(family, name, shape, Bt, sdt, args, mods, extra, dev)
+                    except UsageError as e:  # a --launch field the family's LaunchConfig does not have
+                        print(f"bench_kernels: {e}", file=sys.stderr)
+                        return 2
                     rows.append(r)
                     print(json.dumps({k: v for k, v in r.items() if k != "rounds"}), flush=True)
                     if dev.type == "cuda":

@@ -39,7 +39,10 @@ def test_bad_input_is_refused_in_one_line(tmp_path):
                           (["--dtypes", "int4"], "--dtypes: unknown"),
                           (["--shapes", "nope"], "--shapes: unknown ['nope']"),
                           (["--L", "1"], "--L at least 2"),
-                          (["--baseline-tree", str(tmp_path)], "is not a kernels/ directory")):
+                          (["--baseline-tree", str(tmp_path)], "is not a kernels/ directory"),
+                          (["--launch", "block_v"], "--launch takes FIELD=VALUE,..."),
+                          (["--family", "delta", "--shapes", "smoke-gdn", "--launch", "warps=2"],
+                           "unexpected keyword argument 'warps'")):
         bad = subprocess.run([sys.executable, SCRIPT, "--smoke", *args, "--out", str(tmp_path / "bad")],
                              capture_output=True, text=True, env=ENV, timeout=300)
         assert bad.returncode == 2 and message in bad.stderr, (args, bad.stderr[-500:])
@@ -63,15 +66,18 @@ def test_smoke_run_with_8bit_checkpoints(tmp_path):
 
 def test_phases_time_the_output_only_and_flush_steps_apart(tmp_path):
     """``--phases`` adds the output-only and flush steps as their own columns, for a baseline tree too
-    (not in the byte-floor fractions, which are per cycle)."""
+    (not in the byte-floor fractions, which are per cycle); ``--launch`` a replay column with the cell's
+    default launch knobs changed (in the fractions)."""
     out = tmp_path / "phases"
     proc = subprocess.run([sys.executable, SCRIPT, "--smoke", "--family", "delta", "--shapes", "smoke-gdn",
-                           "--dtypes", "int8", "--phases", "--baseline-tree", str(ROOT / "kernels"), "--out",
-                           str(out)], capture_output=True, text=True, timeout=900, env=ENV)
+                           "--dtypes", "int8", "--phases", "--baseline-tree", str(ROOT / "kernels"),
+                           "--launch", "block_v=16,block_k=16", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900, env=ENV)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (row,) = json.loads((out / "kernels.json").read_text())["rows"]
-    assert set(row["us"]) == {"replay", "baseline", "output", "flush", "baseline_output", "baseline_flush"}
-    assert min(row["us"].values()) > 0 and set(row["frac_floor"]) == {"replay", "baseline"}
+    launch = "launch[block_v=16,block_k=16]"
+    assert set(row["us"]) == {"replay", "baseline", "output", "flush", "baseline_output", "baseline_flush", launch}
+    assert min(row["us"].values()) > 0 and set(row["frac_floor"]) == {"replay", "baseline", launch}
     assert row["shape"] == "smoke-gdn" and "| delta | smoke-gdn | " in (out / "kernels.md").read_text()
 
 
