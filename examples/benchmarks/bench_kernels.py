@@ -109,13 +109,16 @@ class Mamba2Cell:
                                  self.dt_bias, self.D, None, True, self.out, backend="triton", **kw)
 
     def default_config(self):
+        """The launch's default knobs for this cell (widened for 8-bit checkpoints as the launch does)."""
         from replayssm.kernels.backend import num_sms
         from replayssm.kernels.mamba2.config import default_config
+        from replayssm.kernels.mamba2.launch import quant_config
 
         H, P, N, G = self.shape
         dev = self.x.device
-        return default_config(self.Bt, H, P, N, G, self.L, self.sdt.itemsize, ACT.itemsize,
-                              num_sms(dev.type, dev.index), self.sdt == torch.float8_e4m3fn)
+        cfg = default_config(self.Bt, H, P, N, G, self.L, self.sdt.itemsize, ACT.itemsize,
+                             num_sms(dev.type, dev.index), self.sdt == torch.float8_e4m3fn)
+        return quant_config(cfg, N, self.sdt in SCALED, False)
 
     def call_config(self, cfg, copy):
         """One step of this checkout's replay launch with the launch knobs ``cfg``."""
@@ -206,6 +209,7 @@ class DeltaCell:
         mod.delta_replay_decode(*self.inputs(), *bufs, self.out, backend="triton", **kw)
 
     def default_config(self):
+        """The launch's default knobs for this cell."""
         from replayssm.kernels.delta.config import default_config
 
         Hk, HV, K, V, kda = self.shape
