@@ -3,7 +3,7 @@
 #   bash scripts/gpu_check.sh                 # everything
 #   SKIP_BENCH=1 bash scripts/gpu_check.sh    # tests only
 #   BENCH_ARGS="--baseline-tree /tmp/old/kernels" bash scripts/gpu_check.sh   # extra benchmark options
-#   GPU_TEST_WORKERS=12 ...                   # test processes when pytest-xdist is installed (default: GiB / 16, at most 8)
+#   GPU_TEST_WORKERS=12 ...                   # test processes when pytest-xdist is installed (default: GiB / 20, at most 8)
 # Logs and benchmark tables land in ${OUT:-out/gpu_check}/ (git-ignored).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,11 +16,11 @@ if compgen -G ".whl/*.whl" >/dev/null; then python3 -m pip install -q --no-deps 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT_DIR/gpu.txt"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT_DIR/gpu.txt"
 rc=0
-# several test processes on the one GPU when pytest-xdist is there (compiles dominate); one per 16 GiB of
-# GPU memory, at most 8 (the real-size tests take up to ~20 GiB each: 8 of them overfill an 80 GiB card)
+# several test processes on the one GPU when pytest-xdist is there (compiles dominate); one per 20 GiB of
+# GPU memory, at most 8 (the real-size tests take up to ~20 GiB each: 8 of them overfilled an 80 GiB card)
 WORKERS=""
 if python3 -c "import xdist" >/dev/null 2>&1; then
-  AUTO=$(python3 -c "import torch; print(max(1, min(8, torch.cuda.get_device_properties(0).total_memory // 2**34)))")
+  AUTO=$(python3 -c "import torch; print(max(1, min(8, torch.cuda.get_device_properties(0).total_memory // (20 * 2**30))))")
   WORKERS="-n ${GPU_TEST_WORKERS:-$AUTO}"
 fi
 python3 -m pytest -m gpu -q $WORKERS ${PYTEST_ARGS:-} tests 2>&1 | tee "$OUT_DIR/gpu_tests.log" || rc=1
