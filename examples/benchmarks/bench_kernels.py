@@ -271,21 +271,16 @@ class DeltaCell:
 PHASES = ("output", "flush")
 
 
-def replay_body(cell, mod):
-    """Whole L-step cycles of ``cell.call`` on every copy (cursors end where they began)."""
+def replay_body(cell, mod, cfg=None):
+    """Whole L-step cycles of ``cell.call`` on every copy (cursors end where they began); with a
+    launch config ``cfg``, of ``cell.call_config`` (this checkout's launch with those knobs)."""
     def body():
         for _ in range(cell.L):
             for copy in cell.copies:
-                cell.call(mod, copy)
-    return body, cell.L * cell.R
-
-
-def config_body(cell, cfg):
-    """``replay_body`` of this checkout's launch with the knobs ``cfg``."""
-    def body():
-        for _ in range(cell.L):
-            for copy in cell.copies:
-                cell.call_config(cfg, copy)
+                if cfg is None:
+                    cell.call(mod, copy)
+                else:
+                    cell.call_config(cfg, copy)
     return body, cell.L * cell.R
 
 
@@ -297,7 +292,7 @@ def launch_variants(cell, overrides) -> dict:
             cfg = dataclasses.replace(cell.default_config(), **fields)
         except (TypeError, ValueError) as exc:
             raise UsageError(f"--launch {fields}: {exc}") from None
-        out["launch[" + ",".join(f"{k}={v}" for k, v in fields.items()) + "]"] = (*config_body(cell, cfg), False)
+        out["launch[" + ",".join(f"{k}={v}" for k, v in fields.items()) + "]"] = (*replay_body(cell, None, cfg), False)
     return out
 
 
