@@ -119,6 +119,34 @@ def test_mamba2_split_routes_int8_words(N, words, sr, monkeypatch):
     assert same_rng
 
 
+@pytest.mark.parametrize("family,dtype", [("gdn", torch.float8_e4m3fn), ("kda", torch.int8)])
+def test_delta_output_launch_over_key_tiles(family, dtype, monkeypatch):
+    """The output launch walking the key dim in tiles (``block_k`` < K: e4m3's rule from batch 256)
+    on an 8-bit checkpoint: codes read tile by tile times the column scales; outputs, stored codes
+    and counters follow the reference."""
+    import dataclasses
+
+    from replayssm.kernels.delta import launch
+
+    default = launch.default_config
+    monkeypatch.setattr(launch, "default_config",
+                        lambda *a: dataclasses.replace(default(*a), block_v=16, block_k=16))
+    y_err, off, same_rng = compare(family, dtype, True, 6, steps=5, device=DEV, shape=(2, 1, 32, 16))
+    assert y_err < 1e-4
+    assert off == 0.0, "a stored value is more than one quantum from the reference's"
+    assert same_rng
+
+
+def test_e4m3_rule_tiles_the_key_dim_from_batch_256():
+    from replayssm.kernels.delta.config import default_config
+
+    for kda in (False, True):
+        wide = default_config(256, 128, 128, torch.float8_e4m3fn, kda)
+        assert (wide.block_v, wide.block_k) == (128, 32)
+        assert default_config(128, 128, 128, torch.float8_e4m3fn, kda).block_k == 128
+        assert default_config(256, 128, 128, torch.int8, kda).block_k == 128
+
+
 @pytest.mark.parametrize("family", ["gdn", "kda"])
 @pytest.mark.parametrize("V,words", [(16, True), (10, False)], ids=["int32-words", "bytes"])
 def test_delta_output_launch_int8_words(family, V, words, monkeypatch):
