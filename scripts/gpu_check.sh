@@ -4,6 +4,8 @@
 #   SKIP_BENCH=1 bash scripts/gpu_check.sh    # tests only
 #   BENCH_ARGS="--baseline-tree /tmp/old/kernels" bash scripts/gpu_check.sh   # extra benchmark options
 #   GPU_TEST_WORKERS=12 ...                   # test processes when pytest-xdist is installed (default: GiB / 20, at most 8)
+#   TF_WHEELS=.whl/tf525 ...                  # also the model-facing GPU tests with the transformers (and its
+#                                             # dependencies) of these wheels put first on the path
 # Logs and benchmark tables land in ${OUT:-out/gpu_check}/ (git-ignored).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +30,17 @@ python3 -m pytest -m gpu -q $WORKERS ${PYTEST_ARGS:-} tests 2>&1 | tee "$OUT_DIR
 # CI runs them under the interpreter, whose rounding is not the GPU's
 ADAPTIVE=$(grep -l 'is_available() else "cpu"' tests/*.py tests/*/*.py)
 python3 -m pytest -m "not gpu" -q $WORKERS ${PYTEST_ARGS:-} $ADAPTIVE 2>&1 | tee "$OUT_DIR/gpu_adaptive_tests.log" || rc=1
+# another transformers (e.g. the newest, where the machine has an older one): the model-facing GPU tests again
+if [ -n "${TF_WHEELS:-}" ]; then
+  TF_DIR="$OUT_DIR/transformers-other"
+  python3 -m pip install -q --no-deps --target "$TF_DIR" "$TF_WHEELS"/*.whl >>"$OUT_DIR/install.log" 2>&1 || rc=1
+  PYTHONPATH="$TF_DIR" python3 -c "import transformers; print('transformers', transformers.__version__)" \
+    | tee -a "$OUT_DIR/gpu.txt"
+  PYTHONPATH="$TF_DIR" python3 -m pytest -v $WORKERS -p no:cacheprovider ${PYTEST_ARGS:-} \
+    tests/test_graph_decode_gpu.py tests/test_patched_model_gpu.py tests/test_live_caches.py \
+    tests/test_generate_quant_gpu.py tests/test_decode_attention_gpu.py tests/test_latent_attention_gpu.py \
+    2>&1 | tee "$OUT_DIR/gpu_tests_other_transformers.log" || rc=1
+fi
 if [ -z "${SKIP_BENCH:-}" ]; then
   python3 examples/benchmarks/bench_kernels.py --out "$OUT_DIR" ${BENCH_ARGS:-} 2>&1 | tee "$OUT_DIR/bench_kernels.log" || rc=1
   python3 examples/benchmarks/bench_verify.py --out "$OUT_DIR" 2>&1 | tee "$OUT_DIR/bench_verify.log" || rc=1
