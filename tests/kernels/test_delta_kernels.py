@@ -343,19 +343,25 @@ def test_l2norm_qk_kernel_matches_reference_and_oracle(Bt, H, K, dtype):
 
 def test_8bit_checkpoint_launch_rules():
     """Gated DeltaNet with an 8-bit checkpoint at serving batches: 64-column output programs and
-    32-column flush items on 8 programs per SM; KDA int8: 64-column output programs; the 16-bit
-    rules stay as they were."""
+    32-column flush items on 8 programs per SM; KDA int8: 64-column output programs; e4m3 from
+    batch 256: 128-column output programs over 32-key tiles (both); the 16-bit rules stay as they were."""
     from replayssm.kernels.delta.config import default_config
 
     for dtype in (torch.int8, torch.float8_e4m3fn):
-        c = default_config(256, 128, 128, dtype, False)
+        c = default_config(128, 128, 128, dtype, False)
         assert (c.block_v, c.num_warps, c.flush_block_v, c.flush_programs, c.flush_output) == (64, 1, 32, 8, False)
+        assert c.block_k == 128
+    c = default_config(256, 128, 128, torch.int8, False)
+    assert (c.block_v, c.block_k, c.num_warps, c.flush_block_v, c.flush_programs) == (64, 128, 1, 32, 8)
     c = default_config(256, 128, 128, torch.bfloat16, False)
     assert (c.block_v, c.flush_block_v, c.flush_programs) == (32, 128, 2)
-    # KDA: 64-column output programs for int8 only (e4m3 and 16-bit keep 32)
+    # KDA: 64-column output programs for int8 only (e4m3 below batch 256 and 16-bit keep 32)
     assert default_config(256, 128, 128, torch.int8, True).block_v == 64
     for dtype in (torch.float8_e4m3fn, torch.bfloat16):
-        assert default_config(256, 128, 128, dtype, True).block_v == 32
+        assert default_config(128, 128, 128, dtype, True).block_v == 32
+    for kda in (False, True):
+        c = default_config(256, 128, 128, torch.float8_e4m3fn, kda)
+        assert (c.block_v, c.block_k, c.num_warps) == (128, 32, 1)
 
 
 def test_verify_launch_rule():

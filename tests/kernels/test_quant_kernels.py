@@ -137,16 +137,6 @@ def test_delta_output_launch_over_key_tiles(family, dtype, monkeypatch):
     assert same_rng
 
 
-def test_e4m3_rule_tiles_the_key_dim_from_batch_256():
-    from replayssm.kernels.delta.config import default_config
-
-    for kda in (False, True):
-        wide = default_config(256, 128, 128, torch.float8_e4m3fn, kda)
-        assert (wide.block_v, wide.block_k) == (128, 32)
-        assert default_config(128, 128, 128, torch.float8_e4m3fn, kda).block_k == 128
-        assert default_config(256, 128, 128, torch.int8, kda).block_k == 128
-
-
 @pytest.mark.parametrize("family", ["gdn", "kda"])
 @pytest.mark.parametrize("V,words", [(16, True), (10, False)], ids=["int32-words", "bytes"])
 def test_delta_output_launch_int8_words(family, V, words, monkeypatch):
