@@ -55,13 +55,13 @@ def test_smoke_run_with_8bit_checkpoints(tmp_path):
     per-step kernel, with their time relative to bf16 and memory per sequence."""
     out = tmp_path / "bench8"
     proc = subprocess.run([sys.executable, SCRIPT, "--smoke", "--family", "mamba2", "--dtypes",
-                           "float32,bfloat16,int8,float8_e4m3fn", "--baseline-tree", str(ROOT / "kernels"),
+                           "bfloat16,int8,float8_e4m3fn", "--baseline-tree", str(ROOT / "kernels"),
                            "--out", str(out)], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {r["checkpoint"]: r for r in json.loads((out / "kernels.json").read_text())["rows"]}
     assert set(rows["int8"]["us"]) == {"replay", "baseline"} and "vs_bf16" in rows["int8"]
     assert set(rows["bfloat16"]["us"]) == {"replay", "baseline", "step"}
-    assert rows["int8"]["mem_vs"]["bfloat16"] < 1 and rows["float8_e4m3fn"]["mem_vs"]["float32"] < 0.5
+    assert rows["int8"]["mem_vs"]["bfloat16"] < 1 and rows["float8_e4m3fn"]["mem_vs"]["bfloat16"] < 0.7
 
 
 def test_phases_time_the_output_only_and_flush_steps_apart(tmp_path):
