@@ -166,7 +166,7 @@ def _delta(batch, T, L, act, sdt, stochastic, configs, kda=False):
 
 def _mamba2_replay(batch, L, act, sdt, configs):
     from replayssm.kernels.mamba2 import launch
-    from replayssm.kernels.mamba2.config import LaunchConfig, default_config
+    from replayssm.kernels.mamba2.config import LaunchConfig
 
     shims = _shim(launch, ("replay_kernel", "replay_kernel_dyn"))
     H, P, N, G = 128, 64, 128, 8  # nemotron3-super
@@ -176,8 +176,7 @@ def _mamba2_replay(batch, L, act, sdt, configs):
             z(batch, H, P, N).to(sdt), z(batch, H, L, P, dtype=act), z(batch, H, L, dtype=act),
             z(batch, G, L, N, dtype=act), z(batch, dtype=torch.int32), z(H), z(H), z(H), None, True,
             z(batch, H, P, dtype=act), False, z(batch, dtype=torch.int32))
-    default = launch.quant_config(default_config(batch, H, P, N, G, L, sdt.itemsize, act.itemsize, 132,
-                                                 sdt == torch.float8_e4m3fn), N, scaled, False)  # as the launch widens it
+    default = launch.launch_config(None, batch, H, P, N, G, L, sdt, act, 132)  # as the launch widens it
     for cfg in [default] + _parse(configs, LaunchConfig):
         launch.launch_replay(*args, config=cfg, state_scale=z(batch, H, P) if scaled else None)
         yield cfg, _compiled(shims)

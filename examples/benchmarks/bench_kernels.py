@@ -109,16 +109,13 @@ class Mamba2Cell:
                                  self.dt_bias, self.D, None, True, self.out, backend="triton", **kw)
 
     def default_config(self):
-        """The launch's default knobs for this cell (widened for 8-bit checkpoints as the launch does)."""
+        """The launch's default knobs for this cell (``launch.launch_config``)."""
         from replayssm.kernels.backend import num_sms
-        from replayssm.kernels.mamba2.config import default_config
-        from replayssm.kernels.mamba2.launch import quant_config
+        from replayssm.kernels.mamba2.launch import launch_config
 
         H, P, N, G = self.shape
         dev = self.x.device
-        cfg = default_config(self.Bt, H, P, N, G, self.L, self.sdt.itemsize, ACT.itemsize,
-                             num_sms(dev.type, dev.index), self.sdt == torch.float8_e4m3fn)
-        return quant_config(cfg, N, self.sdt in SCALED, False)
+        return launch_config(None, self.Bt, H, P, N, G, self.L, self.sdt, ACT, num_sms(dev.type, dev.index))
 
     def call_config(self, cfg, copy):
         """One step of this checkout's replay launch with the launch knobs ``cfg``."""

@@ -112,6 +112,15 @@ def quant_config(cfg: LaunchConfig, N: int, scaled: bool, given: bool) -> Launch
     return dataclasses.replace(cfg, flush_block_n=pow2(N))
 
 
+def launch_config(config: LaunchConfig | None, Bt: int, H: int, P: int, N: int, G: int, L: int,
+                  state_dtype: torch.dtype, ring_dtype: torch.dtype, n_sm: int) -> LaunchConfig:
+    """The knobs a replay launch runs with: ``config`` (checked by ``quant_config``), else
+    ``default_config`` for these shapes and dtypes (widened by it)."""
+    cfg = config or default_config(Bt, H, P, N, G, L, state_dtype.itemsize, ring_dtype.itemsize, n_sm,
+                                   state_dtype == torch.float8_e4m3fn)
+    return quant_config(cfg, N, is_scaled(state_dtype), config is not None)
+
+
 def launch_replay(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, D, z, dt_softplus, out,
                   zero_idle: bool, arrivals: torch.Tensor | None = None, config: LaunchConfig | None = None,
                   state_scale: torch.Tensor | None = None, state_rng: torch.Tensor | None = None) -> None:
@@ -130,9 +139,7 @@ def launch_replay(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, 
         check_arrivals(arrivals, Bt, x.device)
     if Bt == 0:
         return
-    cfg = config or default_config(Bt, H, P, N, G, L, state.element_size(), x_buf.element_size(),
-                                   num_sms(x.device.type, x.device.index), state.dtype == torch.float8_e4m3fn)
-    cfg = quant_config(cfg, N, is_scaled(state.dtype), config is not None)
+    cfg = launch_config(config, Bt, H, P, N, G, L, state.dtype, x_buf.dtype, num_sms(x.device.type, x.device.index))
     if state_rng is not None:
         advance_flush_counters(state_rng, cursor, L)  # before the launch reads them
     HC, n_hc, n_pb = program_split(cfg, H, P, G)
