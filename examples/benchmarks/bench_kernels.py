@@ -42,7 +42,6 @@ import json
 import math
 import os
 import sys
-from pathlib import Path
 
 import torch
 
