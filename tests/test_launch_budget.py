@@ -115,6 +115,8 @@ def test_warm_decode_steps_and_verify_windows_stay_within_their_launches(family)
     ids = torch.randint(3, 512, (1, 7), generator=torch.Generator().manual_seed(3))
     kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0)
     step_budget, window_budget = BUDGETS[family]
+    with torch.no_grad():  # the drafts: the stock model's greedy continuation (fp32: the patched one's too)
+        ref = model.generate(ids, max_new_tokens=16, min_new_tokens=16, **kw)
     replayssm.patch(model, buffer_len=8, backend="triton")
     mixers = [m for m in model.modules() if hasattr(m, "replay_options")]
     try:
@@ -129,7 +131,6 @@ def test_warm_decode_steps_and_verify_windows_stay_within_their_launches(family)
         launches, syncs, ops = _per_call(counter, mixers)
         assert syncs == 0 and launches <= step_budget, ops
 
-        ref = model.generate(ids, max_new_tokens=16, min_new_tokens=16, **kw)
         drafter = ScriptedDrafter(model, ref, 2, seed=0, min_draft=2)  # windows of 3, every draft right
         windows = []
         real_forward = model.forward

@@ -164,7 +164,7 @@ def test_replay_flush_first_order(cursors, BLOCK_P, HC, specialize, fma, split):
         seen.append(arrivals.tolist())
         return y
 
-    prob = Problem(Bt, 4, 16, 16, 2, L, torch.float32, torch.float32, DEV, cursors, seed=51, has_z=True,
+    prob = Problem(Bt, 2, 16, 16, 1, L, torch.float32, torch.float32, DEV, cursors, seed=51, has_z=True,
                    has_D=True, has_bias=True)
     worst = check_replay_trajectory(fn, prob, steps=2 * L + 1)
     assert worst["flushes"] >= 2
