@@ -304,8 +304,8 @@ class ReplayMixin:
         backend = self.replay_options.backend
         if (self.activation in ACTIVATIONS and not torch.compiler.is_compiling()
                 and resolve_backend(backend, x.device) == "triton"):
-            return conv_update(conv_state, x, weight, self.conv1d.bias, self.activation, compat.token_count(layer),
-                               backend=backend)
+            return conv_update(conv_state, x, weight, self.conv1d.bias, self.activation,
+                               compat.token_count(layer, x.device), backend=backend)
         compat.count_tokens(layer, 1)
         stock_conv = self._stock_function("causal_conv1d_update")
         if stock_conv is not None:

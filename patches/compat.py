@@ -20,7 +20,10 @@
   ``num_drafting_tokens``) and its prefill computes them (``keep_no_state_history`` asks for none on a
   ReplaySSM layer, which rolls back in its ring); and a linear-attention layer counts its tokens
   (``cumulative_length_linear``, read by ``Cache.get_seq_length``; ``token_count``), which a ReplaySSM
-  step's conv launch advances and a crop moves back.
+  step's conv launch advances and a crop moves back. The count is created on the CPU and moved to the
+  states' device by the linear-attention half of a layer's lazy initialization only while the layer has
+  no device yet: in a layer that also holds attention (Zamba2's hybrid layers, whose attention runs
+  first) it stays on the CPU beside CUDA states, and ``token_count`` moves it.
 * 5.24's assisted loop enters ``_optimize_model_for_decode`` (switching a MoE's experts to
   ``batched_mm`` and back, two walks over every module) around every verify forward; 5.17 enters it
   once around the sampling loop only. ``DECODE_SWITCH`` names that context where the class has it.
@@ -90,13 +93,20 @@ def recurrent_state(layer) -> torch.Tensor | None:
     return layer.recurrent_states.get(0) if isinstance(layer.recurrent_states, dict) else layer.recurrent_states[0]
 
 
-def token_count(layer) -> torch.Tensor | None:
+def token_count(layer, device: torch.device | None = None) -> torch.Tensor | None:
     """The layer's own token count where transformers keeps one, else None: 5.25's linear-attention
     layers count in ``cumulative_length_linear`` (a 0-d int64 tensor), which their conv path advances and
     ``Cache.get_seq_length`` reads when such a layer comes first (a continued ``generate`` starts its
-    positions there). A ReplaySSM step runs its own conv, which advances it in the same launch."""
+    positions there). A ReplaySSM step runs its own conv, which advances it in the same launch, so the
+    count is moved to ``device`` (the step's) where it is elsewhere (see the module notes)."""
     count = getattr(layer, "cumulative_length_linear", None)
-    return count if isinstance(count, torch.Tensor) else None
+    if not isinstance(count, torch.Tensor):
+        return None
+    if device is not None and count.device != device:
+        count = layer.cumulative_length_linear = count.to(device)
+        if not torch.compiler.is_compiling():
+            torch._dynamo.mark_static_address(count)
+    return count
 
 
 def count_tokens(layer, n: int) -> None:

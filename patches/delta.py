@@ -135,7 +135,7 @@ class ReplayGatedDeltaNetMixer(_DeltaReplayMixin):
             qn, kn, v, g, beta = gdn_prologue(
                 compat.conv_state(layer), mixed[:, 0], self.conv1d.weight.squeeze(1), self.conv1d.bias, a[:, 0],
                 b[:, 0], self.A_log, self.dt_bias, heads, self.head_k_dim ** -0.5, beta_scale,
-                count=compat.token_count(layer), backend=self.replay_options.backend)
+                count=compat.token_count(layer, h.device), backend=self.replay_options.backend)
             o = self._decode(layer, buffers, qn, kn, v, g, beta)[:, None]
             return self._gated_output(o, z, batch, T)
         mixed = self._conv_tokens(layer, buffers, mixed, window)

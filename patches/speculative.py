@@ -89,7 +89,7 @@ def window_conv(mixer, layer, buffers: ReplayBuffers, x: torch.Tensor) -> torch.
     t = buffers.tensors
     return layer_window_conv(t[HIST], compat.conv_state(layer), buffers.cursor, t[COMMITTED], x,
                              mixer.conv1d.weight.squeeze(1), mixer.conv1d.bias, mixer.activation, ring_len(buffers),
-                             compat.token_count(layer), backend=mixer.replay_options.backend)
+                             compat.token_count(layer, x.device), backend=mixer.replay_options.backend)
 
 
 def _enter_rollback_mode(mixer, layer, buffers: ReplayBuffers, L: int) -> None:

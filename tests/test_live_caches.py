@@ -84,6 +84,24 @@ def test_the_cache_counts_its_tokens_as_stocks_does(family):
     assert max(stock) == ids.shape[1] + FIRST - 1  # the last token is sampled, not yet cached
 
 
+def test_a_token_count_on_another_device_moves_to_the_step():
+    """A hybrid layer whose attention half set its device first keeps transformers' token count on the
+    CPU beside CUDA states (Zamba2 on 5.25): the step's device is where a ReplaySSM conv launch advances
+    it, so ``token_count`` moves it there, once, and the layer (hence ``get_seq_length``) holds the moved
+    tensor. The meta device stands in for CUDA here."""
+    from types import SimpleNamespace
+
+    from replayssm.patches import compat
+
+    layer = SimpleNamespace(cumulative_length_linear=torch.tensor(9))
+    here = layer.cumulative_length_linear
+    assert compat.token_count(layer) is here and compat.token_count(layer, here.device) is here
+    moved = compat.token_count(layer, torch.device("meta"))
+    assert moved.device.type == "meta" and moved.dtype == torch.int64 and moved.dim() == 0
+    assert layer.cumulative_length_linear is moved and compat.token_count(layer, torch.device("meta")) is moved
+    assert compat.token_count(SimpleNamespace(), torch.device("meta")) is None
+
+
 def test_state_dtype_change_carries_over():
     """bf16 checkpoint -> re-patch with the stock (fp32) checkpoint: the state comes back in fp32
     with the pending entries folded in; the continuation stays as close to stock as the bf16 part
