@@ -74,6 +74,7 @@ def launch_verify(x, dt, B, C, state, x_buf, dt_buf, B_buf, cursor, A, dt_bias, 
                  *B_buf.stride())
     flags = verify_flags(cfg, N, L, T, G, H, has_dt_bias=dt_bias is not None, has_D=D is not None,
                          has_z=z is not None, dt_softplus=dt_softplus, zero_idle=zero_idle, on_cursor=on_cursor,
-                         lowp_s0c=_same_lowp(state.dtype, C.dtype), lowp_bc=_same_lowp(B_buf.dtype, C.dtype),
+                         lowp_s0c=_same_lowp(state.dtype, C.dtype) or (is_scaled(state.dtype) and C.dtype in _LOWP),
+                         lowp_bc=_same_lowp(B_buf.dtype, C.dtype),
                          fmt=state_format(state.dtype), sr=state_rng is not None)
     verify_kernel[(Bt * G * n_hc * n_pb,)](t, io, compiled_in(lay), flags, num_warps=cfg.num_warps, num_stages=1)

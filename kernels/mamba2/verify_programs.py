@@ -51,7 +51,8 @@ IoStrides = namedtuple("IoStrides", "T x_b x_t x_h x_p dt_b dt_t dt_h B_b B_t B_
 Layout = namedtuple("Layout", "P N L G H HPG HC n_hc n_pb s_b s_h s_p s_n xb_b xb_h xb_l xb_p db_b db_h db_l "
                               "Bb_b Bb_g Bb_l Bb_n")
 #: compile-time switches and block sizes (``verify_launch.verify_flags``). LOWP_S0C / LOWP_BC: the
-#: ``C . S0`` / ``C . B`` products on 16-bit operands of one dtype (exact products, fp32 sums);
+#: ``C . S0`` / ``C . B`` products on 16-bit operands of one dtype (exact products, fp32 sums; an
+#: int8 / fp8 checkpoint's codes converted to C's dtype, which holds them exactly);
 #: otherwise on fp32 operands at DOT_PREC. BLOCK_T: T rounded up to a power of two, at least 8. FMT:
 #: the checkpoint's format (``quant_triton``: int8 / fp8 ones are read through their lane scales, and
 #: a flush-first fold, one state tile wide, stores their codes and scales); SR: stochastic rounding
@@ -79,13 +80,27 @@ def _pair_loads(b, h, nn, rem, offs_p, mask_p, t, io, lay, k):
     okl = (offs_l < lay.L) & ((tl.zeros([k.BLOCK_L], dtype=tl.int32) + rem) > 0)
     s0 = tl.load(t.state + b * lay.s_b + h * lay.s_h + nn[:, None] * lay.s_n + offs_p[None, :] * lay.s_p,
                  mask=okn[:, None] & okp[None, :], other=0.0)
-    if k.FMT >= 3:  # int8 / fp8 codes times their lane's scale
-        s0 = codes_to_f32(s0, k.FMT) * head_scale(b, h, offs_p, okp, t, io, k)[None, :]
+    sc = head_scale(b, h, offs_p, okp, t, io, k)  # int8 / fp8: the lanes' scales (the codes stay as loaded)
     xr = tl.load(t.x_buf + b * lay.xb_b + h * lay.xb_h + offs_l[:, None] * lay.xb_l + offs_p[None, :] * lay.xb_p,
                  mask=okl[:, None] & okp[None, :], other=0.0)
     dtr = tl.load(t.dt_buf + b * lay.db_b + h * lay.db_h + offs_l * lay.db_l, mask=okl, other=0.0)
     a_h, dtb, dco = head_constants(h, rem > 0, t, io, k)
-    return s0, xr, dtr, a_h, dtb, dco
+    return s0, sc, xr, dtr, a_h, dtb, dco
+
+
+@triton.jit
+def _s0_products(ct, s0, sc, k):
+    """``C_t . S0`` (BLOCK_T, BLOCK_P) of a transposed checkpoint tile ``s0`` (BLOCK_N, BLOCK_P) as
+    stored. int8 / fp8: the product of the codes (exact in C's 16-bit dtype, LOWP_S0C), times the
+    lanes' scales ``sc`` after it."""
+    if k.FMT >= 3:
+        codes = codes_to_f32(s0, k.FMT)
+        if k.LOWP_S0C:
+            codes = codes.to(ct.dtype)
+        acc = _dot(ct, codes, k.LOWP_S0C, k.DOT_PREC) * sc[None, :]
+    else:
+        acc = _dot(ct, s0, k.LOWP_S0C, k.DOT_PREC)
+    return acc
 
 
 @triton.jit
@@ -153,12 +168,13 @@ def _window_BC(b, g, s, append_b, br0, ct0, offs_l, hist_l, win_l, t, io, lay, k
 
 
 @triton.jit
-def _fold_tile(s0, br, b, h, nn, offs_p, mask_p, a_h, ring_l, xr, dtr, t, io, lay, k):
+def _fold_tile(s0, sc, br, b, h, nn, offs_p, mask_p, a_h, ring_l, xr, dtr, t, io, lay, k):
     """A flushing row's checkpoint tile (transposed, BLOCK_N x BLOCK_P) after its ``c`` ring entries:
-    ``abar S0 + B^T diag(w) X`` (fp32; ``xr``, ``dtr``: head ``h``'s ring x (BLOCK_L, BLOCK_P) and dt
-    (BLOCK_L,), 0 past c; ``br``: the group's ring B (BLOCK_N, BLOCK_L), any value past c), stored
-    rounded; returns the stored tile (checkpoint dtype; int8 / fp8: fp32 values, its codes times the
-    scales it stored, for which the tile spans N)."""
+    ``abar S0 + B^T diag(w) X`` (fp32; ``s0`` as stored, int8 / fp8 codes with their lane scales
+    ``sc``; ``xr``, ``dtr``: head ``h``'s ring x (BLOCK_L, BLOCK_P) and dt (BLOCK_L,), 0 past c;
+    ``br``: the group's ring B (BLOCK_N, BLOCK_L), any value past c), stored rounded; returns the
+    stored tile and its lane scales (int8 / fp8: the codes and the scales it stored, for which the
+    tile spans N; else 1)."""
     pc = tl.sum(dtr, 0)
     w = dtr * tl.exp(tl.minimum(a_h * (pc - tl.cumsum(dtr, 0)), 0.0))
     wb = tl.where(ring_l[None, :], br.to(tl.float32) * w[None, :], 0.0)
@@ -167,22 +183,24 @@ def _fold_tile(s0, br, b, h, nn, offs_p, mask_p, a_h, ring_l, xr, dtr, t, io, la
         upd = _dot(wb, xq, False, "bf16x3")
     else:
         upd = _dot(wb, xq, False, k.DOT_PREC)
-    s_new = tl.exp(tl.minimum(a_h * pc, 0.0)) * s0.to(tl.float32) + upd
+    if k.FMT >= 3:
+        s0f = codes_to_f32(s0, k.FMT) * sc[None, :]
+    else:
+        s0f = s0.to(tl.float32)
+    s_new = tl.exp(tl.minimum(a_h * pc, 0.0)) * s0f + upd
     m2 = (nn < lay.N)[:, None] & mask_p[None, :]
     ptrs = t.state + b * lay.s_b + h * lay.s_h + nn[:, None] * lay.s_n + offs_p[None, :] * lay.s_p
     if (k.FMT >= 3) | k.SR:
         q, d = round_state_tile(s_new, m2, b, h, offs_p, nn, t, io, lay, k, 0)  # the tile is transposed
-        sq = q.to(t.state.dtype.element_ty)
-        tl.store(ptrs, sq, mask=m2)
+        stored = q.to(t.state.dtype.element_ty)
+        tl.store(ptrs, stored, mask=m2)
         if k.FMT >= 3:
             tl.store(t.scale + b * io.sc_b + h * io.sc_h + offs_p * io.sc_p, d, mask=mask_p)
-            stored = codes_to_f32(sq, k.FMT) * d[None, :]
-        else:
-            stored = sq
+            sc = d
     else:
         stored = s_new.to(t.state.dtype.element_ty)
         tl.store(ptrs, stored, mask=m2)
-    return stored  # (one return: the compiler visits the code after a constexpr branch)
+    return stored, sc  # (one return: the compiler visits the code after a constexpr branch)
 
 
 @triton.jit
@@ -278,7 +296,7 @@ def _verify_program(t, io, lay, k):
     total = nh * NT
     # everything that does not depend on the cursor goes out before it: the first pair's tiles (the
     # first head's checkpoint tile, ring x and dt over every slot) and the group's ring B and C
-    s_t, xr_t, dtr_t, a_t, dtb_t, dco_t = _pair_loads(b, h0, offs_n, 1, offs_p, mask_p, t, io, lay, k)
+    s_t, sc_t, xr_t, dtr_t, a_t, dtb_t, dco_t = _pair_loads(b, h0, offs_n, 1, offs_p, mask_p, t, io, lay, k)
     br0 = _ring_B(b, g, offs_n, t, lay, k)
     ct0 = _window_C(b, g, offs_n, t, io, lay, k)
     cur_ptr = t.cursor + b * io.cur
@@ -311,8 +329,8 @@ def _verify_program(t, io, lay, k):
         nn = kt * k.BLOCK_N + offs_n
         # the next pair's tiles, in flight while this one computes
         i1 = (it + 1) // NT
-        s_n, xr_n, dtr_n, a_n, dtb_n, dco_n = _pair_loads(b, h0 + i1, (it + 1 - i1 * NT) * k.BLOCK_N + offs_n,
-                                                          total - it - 1, offs_p, mask_p, t, io, lay, k)
+        s_n, sc_n, xr_n, dtr_n, a_n, dtb_n, dco_n = _pair_loads(b, h0 + i1, (it + 1 - i1 * NT) * k.BLOCK_N + offs_n,
+                                                                total - it - 1, offs_p, mask_p, t, io, lay, k)
         wl_n = _window_loads(b, h0 + i1, s, win_l, total - it - 1, offs_p, mask_p, t, io, lay, k)
         xr = tl.where(ring_l[:, None], xr_t, 0.0).to(tl.float32)
         dtr = tl.where(ring_l, dtr_t, 0.0).to(tl.float32)
@@ -321,14 +339,14 @@ def _verify_program(t, io, lay, k):
         else:
             ct = _window_C(b, g, nn, t, io, lay, k)
         if flush:
-            s_t = _fold_tile(s_t, _ring_B(b, g, nn, t, lay, k), b, h, nn, offs_p, mask_p, a_t, ring_l, xr, dtr, t,
-                             io, lay, k)
-        s0c += _dot(ct, s_t, k.LOWP_S0C, k.DOT_PREC)
+            s_t, sc_t = _fold_tile(s_t, sc_t, _ring_B(b, g, nn, t, lay, k), b, h, nn, offs_p, mask_p, a_t, ring_l,
+                                   xr, dtr, t, io, lay, k)
+        s0c += _s0_products(ct, s_t, sc_t, k)
         if kt == NT - 1:  # the head's last tile: its outputs and appends
             _head_outputs(b, h, s, flush, pb, s0c, bc, xr, dtr, wl_t, dtb_t, dco_t, a_t, offs_l, hist_l, win_l,
                           offs_p, mask_p, t, io, lay, k)
         s0c = tl.where((tl.zeros([k.BLOCK_T, k.BLOCK_P], dtype=tl.int32) + kt) == NT - 1, 0.0, s0c)
-        s_t, xr_t, dtr_t, a_t, dtb_t, dco_t, wl_t = s_n, xr_n, dtr_n, a_n, dtb_n, dco_n, wl_n
+        s_t, sc_t, xr_t, dtr_t, a_t, dtb_t, dco_t, wl_t = s_n, sc_n, xr_n, dtr_n, a_n, dtb_n, dco_n, wl_n
 
     # every program arrives once its reads have returned (the barrier); the row's last one writes a
     # flushing row's shared appends and the next cursor (which clears a count on the cursor word)
