@@ -6,10 +6,20 @@
 #   GPU_TEST_WORKERS=12 ...                   # test processes when pytest-xdist is installed (default: GiB / 20, at most 8)
 #   TF_WHEELS=.whl/tf525 ...                  # also the model-facing GPU tests with the transformers (and its
 #                                             # dependencies) of these wheels put first on the path
+#   GPU_TEST_PART=1/2 ...                     # the tests of every other file only (2/2: the rest), for
+#                                             # machines that hold a call for less than the whole suite
 # Logs and benchmark tables land in ${OUT:-out/gpu_check}/ (git-ignored).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR="${OUT:-out/gpu_check}"
+PART="${GPU_TEST_PART:-1/1}"
+if ! [[ "$PART" =~ ^([1-9][0-9]*)/([1-9][0-9]*)$ ]] || (( BASH_REMATCH[1] > BASH_REMATCH[2] )); then
+  echo "gpu_check.sh: GPU_TEST_PART must be i/n with 1 <= i <= n; got '$PART'" >&2
+  exit 2
+fi
+PART_I=${BASH_REMATCH[1]} PART_N=${BASH_REMATCH[2]}
+# the files of this part: every n-th of the sorted list, from the i-th
+part_files() { sort | awk -v i="$PART_I" -v n="$PART_N" '(NR - i) % n == 0'; }
 mkdir -p "$OUT_DIR"
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT_DIR/install.log" 2>&1 || { cat "$OUT_DIR/install.log"; exit 1; }
@@ -25,11 +35,15 @@ if python3 -c "import xdist" >/dev/null 2>&1; then
   AUTO=$(python3 -c "import torch; print(max(1, min(8, torch.cuda.get_device_properties(0).total_memory // (20 * 2**30))))")
   WORKERS="-n ${GPU_TEST_WORKERS:-$AUTO}"
 fi
-python3 -m pytest -m gpu -q $WORKERS ${PYTEST_ARGS:-} tests 2>&1 | tee "$OUT_DIR/gpu_tests.log" || rc=1
+GPU_FILES=$(grep -rl --include='test_*.py' 'mark\.gpu' tests | part_files)
+echo "GPU test files, part $PART: $(echo $GPU_FILES | wc -w)" | tee -a "$OUT_DIR/gpu.txt"
+python3 -m pytest -m gpu -q $WORKERS ${PYTEST_ARGS:-} $GPU_FILES 2>&1 | tee "$OUT_DIR/gpu_tests.log" || rc=1
 # the unmarked tests that take the GPU when there is one (their files pick the device by CUDA's presence):
 # CI runs them under the interpreter, whose rounding is not the GPU's
-ADAPTIVE=$(grep -l 'is_available() else "cpu"' tests/*.py tests/*/*.py)
-python3 -m pytest -m "not gpu" -q $WORKERS ${PYTEST_ARGS:-} $ADAPTIVE 2>&1 | tee "$OUT_DIR/gpu_adaptive_tests.log" || rc=1
+ADAPTIVE=$(grep -l 'is_available() else "cpu"' tests/*.py tests/*/*.py | part_files)
+if [ -n "$ADAPTIVE" ]; then
+  python3 -m pytest -m "not gpu" -q $WORKERS ${PYTEST_ARGS:-} $ADAPTIVE 2>&1 | tee "$OUT_DIR/gpu_adaptive_tests.log" || rc=1
+fi
 # another transformers (e.g. the newest, where the machine has an older one): the model-facing GPU tests again
 if [ -n "${TF_WHEELS:-}" ]; then
   TF_DIR="$OUT_DIR/transformers-other"
