@@ -33,9 +33,19 @@ def test_smoke_run_times_both_families_and_a_baseline_tree(tmp_path):
     assert "| delta | smoke-kda | 2 | float32 |" in md and "`baseline`" in md
 
 
-def test_bad_input_is_refused_in_one_line(tmp_path):
-    for args, message in ((["--family", "mamba3"], "--family takes mamba2, delta or both"),
-                          (["--batches", "x"], "--batches takes comma-separated integers"),
+def test_bad_input_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    """The script's own exit (one case) and its ``main`` in this process (the others, which the
+    script's entry point returns as its exit status)."""
+    bad = subprocess.run([sys.executable, SCRIPT, "--smoke", "--family", "mamba3", "--out", str(tmp_path / "bad")],
+                         capture_output=True, text=True, env=ENV, timeout=300)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr[-500:]
+    assert bad.stderr.strip() == "bench_kernels: --family takes mamba2, delta or both; got 'mamba3'"
+    for name, value in ENV.items():
+        monkeypatch.setenv(name, value)
+    sys.path.insert(0, str(ROOT / "examples" / "benchmarks"))
+    import bench_kernels
+
+    for args, message in ((["--batches", "x"], "--batches takes comma-separated integers"),
                           (["--dtypes", "int4"], "--dtypes: unknown"),
                           (["--shapes", "nope"], "--shapes: unknown ['nope']"),
                           (["--L", "1"], "--L at least 2"),
@@ -43,10 +53,9 @@ def test_bad_input_is_refused_in_one_line(tmp_path):
                           (["--launch", "block_v"], "--launch takes FIELD=VALUE,..."),
                           (["--family", "delta", "--shapes", "smoke-gdn", "--launch", "warps=2"],
                            "unexpected keyword argument 'warps'")):
-        bad = subprocess.run([sys.executable, SCRIPT, "--smoke", *args, "--out", str(tmp_path / "bad")],
-                             capture_output=True, text=True, env=ENV, timeout=300)
-        assert bad.returncode == 2 and message in bad.stderr, (args, bad.stderr[-500:])
-        assert "Traceback" not in bad.stderr
+        assert bench_kernels.main(["--smoke", *args, "--out", str(tmp_path / "bad")]) == 2, args
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, (args, err[-500:])
     assert not (tmp_path / "bad").exists()
 
 
