@@ -49,7 +49,7 @@ CASES = [
     pytest.param(4, 4, 16, 16, 2, 4, [0, 2, 3, -1], True, False, id="desync-z"),
     pytest.param(3, 2, 10, 12, 1, 3, [1, -1, 0], False, True, id="nonpow2-strided-noz"),
     pytest.param(2, 2, 16, 16, 2, 1, [0, -1], True, False, id="L1-every-step-flushes"),
-    pytest.param(2, 4, 64, 32, 1, 4, [0, 3], True, False, id="two-lane-blocks-early-load"),
+    pytest.param(2, 2, 64, 32, 1, 4, [0, 3], True, False, id="two-lane-blocks-early-load"),
 ]
 
 
@@ -213,7 +213,7 @@ def test_replay_flush_fma_variant(L, P, BLOCK_P, HC, N, BLOCK_N, BLOCK_NF):
     fn = _launching(LaunchConfig(block_p=BLOCK_P, heads_per_program=HC, block_n=BLOCK_N, flush_block_n=BLOCK_NF,
                                  num_warps=4, flush_fma=True))
     cursors = [L - 1, 0, -1] if L > 1 else [0, -1, 0]
-    prob = Problem(3, 4, P, N, 2, L, torch.float32, torch.float32, DEV, cursors, seed=21 + L, has_z=True,
+    prob = Problem(3, 2, P, N, 1, L, torch.float32, torch.float32, DEV, cursors, seed=21 + L, has_z=True,
                    has_D=True, has_bias=True)
     worst = check_replay_trajectory(fn, prob, steps=2 * L + 1)
     assert worst["flushes"] >= 2
