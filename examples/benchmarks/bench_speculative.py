@@ -375,7 +375,7 @@ def main(argv=None) -> int:
         return 2
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     if args.smoke:
-        args.new_tokens, args.short_tokens, args.prompt_len = 46, 6, 8
+        args.new_tokens, args.short_tokens, args.prompt_len = 30, 6, 8
         model, name = build_tiny_model("tiny:nemotron_h"), "tiny:nemotron_h"
     else:
         model, name = build_preset(args.preset, getattr(torch, args.dtype), device), args.preset
