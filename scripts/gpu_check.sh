@@ -28,6 +28,12 @@ if compgen -G ".whl/*.whl" >/dev/null; then python3 -m pip install -q --no-deps 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT_DIR/gpu.txt"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT_DIR/gpu.txt"
 rc=0
+# pytest -v into LOG; the console shows each failure as it happens and the summary, so that a run stopped by a
+# time limit still names what failed
+run_pytest() {
+  local log=$1; shift
+  python3 -m pytest -v "$@" 2>&1 | tee "$log" | grep --line-buffered -E "FAILED|ERROR|^=+ .*(passed|failed|error|skipped)"
+}
 # several test processes on the one GPU when pytest-xdist is there (compiles dominate); one per 20 GiB of
 # GPU memory, at most 8 (the real-size tests take up to ~20 GiB each: 8 of them overfilled an 80 GiB card)
 WORKERS=""
@@ -37,12 +43,12 @@ if python3 -c "import xdist" >/dev/null 2>&1; then
 fi
 GPU_FILES=$(grep -rl --include='test_*.py' 'mark\.gpu' tests | part_files)
 echo "GPU test files, part $PART: $(echo $GPU_FILES | wc -w)" | tee -a "$OUT_DIR/gpu.txt"
-python3 -m pytest -m gpu -q $WORKERS ${PYTEST_ARGS:-} $GPU_FILES 2>&1 | tee "$OUT_DIR/gpu_tests.log" || rc=1
+run_pytest "$OUT_DIR/gpu_tests.log" -m gpu $WORKERS ${PYTEST_ARGS:-} $GPU_FILES || rc=1
 # the unmarked tests that take the GPU when there is one (their files pick the device by CUDA's presence):
 # CI runs them under the interpreter, whose rounding is not the GPU's
 ADAPTIVE=$(grep -l 'is_available() else "cpu"' tests/*.py tests/*/*.py | part_files)
 if [ -n "$ADAPTIVE" ]; then
-  python3 -m pytest -m "not gpu" -q $WORKERS ${PYTEST_ARGS:-} $ADAPTIVE 2>&1 | tee "$OUT_DIR/gpu_adaptive_tests.log" || rc=1
+  run_pytest "$OUT_DIR/gpu_adaptive_tests.log" -m "not gpu" $WORKERS ${PYTEST_ARGS:-} $ADAPTIVE || rc=1
 fi
 # another transformers (e.g. the newest, where the machine has an older one): the model-facing GPU tests again
 if [ -n "${TF_WHEELS:-}" ]; then
@@ -50,10 +56,9 @@ if [ -n "${TF_WHEELS:-}" ]; then
   python3 -m pip install -q --no-deps --target "$TF_DIR" "$TF_WHEELS"/*.whl >>"$OUT_DIR/install.log" 2>&1 || rc=1
   PYTHONPATH="$TF_DIR" python3 -c "import transformers; print('transformers', transformers.__version__)" \
     | tee -a "$OUT_DIR/gpu.txt"
-  PYTHONPATH="$TF_DIR" python3 -m pytest -v $WORKERS -p no:cacheprovider ${PYTEST_ARGS:-} \
-    tests/test_graph_decode_gpu.py tests/test_patched_model_gpu.py tests/test_live_caches.py \
-    tests/test_generate_quant_gpu.py tests/test_decode_attention_gpu.py tests/test_latent_attention_gpu.py \
-    2>&1 | tee "$OUT_DIR/gpu_tests_other_transformers.log" || rc=1
+  PYTHONPATH="$TF_DIR" run_pytest "$OUT_DIR/gpu_tests_other_transformers.log" $WORKERS -p no:cacheprovider \
+    ${PYTEST_ARGS:-} tests/test_graph_decode_gpu.py tests/test_patched_model_gpu.py tests/test_live_caches.py \
+    tests/test_generate_quant_gpu.py tests/test_decode_attention_gpu.py tests/test_latent_attention_gpu.py || rc=1
 fi
 if [ -z "${SKIP_BENCH:-}" ]; then
   python3 examples/benchmarks/bench_kernels.py --out "$OUT_DIR" ${BENCH_ARGS:-} 2>&1 | tee "$OUT_DIR/bench_kernels.log" || rc=1
