@@ -75,11 +75,15 @@ def test_fp32_model_and_larger_batches_keep_cublas(monkeypatch):
     finally:
         replayssm.unpatch(model)
         model.cpu()
+    g = torch.Generator(device="cuda").manual_seed(0)  # the same problem whatever ran before on this worker
     lin = torch.nn.Linear(64, 48).to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(48, 64, device="cuda", generator=g) / 8)
+        lin.bias.copy_(torch.randn(48, device="cuda", generator=g))
     fused_linear.fuse_decode_linears(lin)
     with torch.no_grad():
         for rows in (1, 2):
-            x = torch.randn(rows, 64, device="cuda", dtype=torch.bfloat16)
+            x = torch.randn(rows, 64, device="cuda", dtype=torch.bfloat16, generator=g)
             calls.clear()
             assert lin(x).shape == (rows, 48) and calls == []  # eager
             lin(x)  # warm-up (compile) outside the capture
