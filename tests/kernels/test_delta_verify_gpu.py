@@ -13,7 +13,7 @@ from replayssm.kernels.delta import delta_replay_verify
 from replayssm.kernels.delta.config import VerifyConfig
 from replayssm.kernels.speculation import rollback_cursor_reference
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fp32_matmuls")]  # the reference's einsums in fp32
 
 L = 16
 SHAPES = {"gdn": dict(kda=False, Hk=16, HV=32, K=128, V=128), "kda": dict(kda=True, Hk=32, HV=32, K=128, V=128)}
@@ -21,15 +21,6 @@ SHAPES = {"gdn": dict(kda=False, Hk=16, HV=32, K=128, V=128), "kda": dict(kda=Tr
 DTYPES = {"fp32": (torch.float32, torch.float32), "fp32-state-bf16-act": (torch.float32, torch.bfloat16),
           "bf16": (torch.bfloat16, torch.bfloat16)}
 TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
-
-
-@pytest.fixture(autouse=True)
-def _no_tf32():
-    """The reference's einsums in fp32."""
-    before = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def _cursors(Bt, T, seed):

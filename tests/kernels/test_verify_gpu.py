@@ -29,8 +29,7 @@ def _layer(kind, Bt, L):
 
 @pytest.mark.parametrize("kind", ["mamba2", "gdn", "kda"])
 @pytest.mark.parametrize("L,max_T", [(8, 8), (16, 6)])
-def test_verify_on_cuda_follows_the_exact_recurrence(kind, L, max_T):
-    torch.backends.cuda.matmul.allow_tf32 = False
+def test_verify_on_cuda_follows_the_exact_recurrence(kind, L, max_T, fp32_matmuls):
     rollout(_layer(kind, 5, L), _fn(kind), rounds=24, max_T=max_T, seed=L, atol=1e-3, rtol=1e-3)
 
 

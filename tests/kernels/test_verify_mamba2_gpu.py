@@ -157,10 +157,9 @@ def test_int64_cursors_count_arrivals_in_a_vector():
     _two_verifies(win, T, seed=9, tag="int64 cursors")
 
 
-def test_exact_recurrence_at_a_real_size():
+def test_exact_recurrence_at_a_real_size(fp32_matmuls):
     """Speculative rounds (random acceptance per row, NaN-poisoned rejected inputs, rollbacks) at the
     Nemotron-3-Nano shape in fp32: accepted outputs equal the exact per-step recurrence."""
-    torch.backends.cuda.matmul.allow_tf32 = False
     layer = Mamba2Layer(7, H=96, P=80, N=128, G=8, L=16, seed=1).to("cuda")
     worst = rollout(layer, _kernel, rounds=16, max_T=8, seed=2, atol=2e-3, rtol=1e-3, poison_out=True)
     record("verify_exact_real", worst)
