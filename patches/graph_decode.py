@@ -500,22 +500,32 @@ class GraphDecoder:
         slot.warm_signature = signature
         return _side_stream_call(lambda: self._original_forward(**kwargs))
 
-    def _capture(self, slot: GraphSlot, kwargs: dict, signature: tuple):
+    def _try_capture(self, slot: GraphSlot, kwargs: dict):
+        """Capture (and run) one forward on static copies of ``kwargs`` in a graph with its own memory pool
+        (a shared pool's handle dies with the last graph using it). Returns ``(graph, static inputs, output,
+        graph bytes)``, or None where the forward cannot be captured (a host sync, a data-dependent shape):
+        then the slot records why, one log line says so, nothing ran on the device, and the caller runs the
+        forward eagerly, as the slot's later forwards do."""
         static_inputs = _static_copy(kwargs)
-        graph = CudaGraph(CudaGraph.new_pool())  # its own pool: a shared handle dies with the last graph using it
+        graph = CudaGraph(CudaGraph.new_pool())
         before = CudaGraph.memory_allocated()
-        start = time.perf_counter()
         try:
             output = graph.capture_and_run(lambda: self._original_forward(**static_inputs))
-        except Exception as exc:  # an op that cannot be captured (a host sync, a data-dependent shape)
+        except Exception as exc:
             slot.failed = f"capture failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
             self._log_once(slot.failed)
+            return None
+        slot.captures += 1
+        return graph, static_inputs, output, max(CudaGraph.memory_allocated() - before, 0)
+
+    def _capture(self, slot: GraphSlot, kwargs: dict, signature: tuple):
+        start = time.perf_counter()
+        captured = self._try_capture(slot, kwargs)
+        if captured is None:
             return self._original_forward(**kwargs)
         slot.capture_s = time.perf_counter() - start
-        slot.graph_bytes = max(CudaGraph.memory_allocated() - before, 0)
-        slot.graph, slot.signature, slot.static_inputs, slot.static_output = graph, signature, static_inputs, output
-        slot.addresses = _addresses(slot.cache)
-        slot.captures += 1
+        slot.graph, slot.static_inputs, slot.static_output, slot.graph_bytes = captured
+        slot.signature, slot.addresses = signature, _addresses(slot.cache)
         if slot.ahead is not None:
             slot.ahead.ran_graph()
         return self._output(slot)
@@ -552,18 +562,12 @@ class GraphDecoder:
         if signature not in slot.warm_windows:
             slot.warm_windows.add(signature)
             return _side_stream_call(lambda: self._original_forward(**kwargs))
-        static_inputs = _static_copy(kwargs)
-        graph = CudaGraph(CudaGraph.new_pool())
         addresses = _addresses(slot.cache)
-        before = CudaGraph.memory_allocated()
-        try:
-            output = graph.capture_and_run(lambda: self._original_forward(**static_inputs))
-        except Exception as exc:  # an op that cannot be captured (a host sync, a data-dependent shape)
-            slot.failed = f"capture failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
-            self._log_once(slot.failed)
-            return self._original_forward(**kwargs)  # nothing ran on the device during the capture
-        slot.graph_bytes += max(CudaGraph.memory_allocated() - before, 0)
-        slot.captures += 1
+        captured = self._try_capture(slot, kwargs)
+        if captured is None:
+            return self._original_forward(**kwargs)
+        graph, static_inputs, output, graph_bytes = captured
+        slot.graph_bytes += graph_bytes
         slot.windows[signature] = WindowGraph(graph, static_inputs, output, addresses)
         slot.checked_windows.add(signature)
         return _fresh_output(output)

@@ -497,6 +497,39 @@ def test_fallbacks_log_why_and_stay_correct(cpu_graphs, caplog):
         replayssm.unpatch(model)
 
 
+def test_a_capture_that_fails_decodes_eagerly_with_the_same_tokens(cpu_graphs, monkeypatch, caplog):
+    """A forward that cannot be captured (here every capture raises, as an op that syncs with the host would
+    on a GPU), in plain decoding and in assisted windows: the tokens of the eager patched path, one log line
+    naming the cause, the cause in ``graph_report``, and no graph kept or replayed."""
+    def refuse(self, fn):
+        raise RuntimeError("operation not permitted when stream is capturing\nsecond line")
+
+    monkeypatch.setattr(ReplayByCall, "capture_and_run", refuse)
+    model = tiny("nemotron_h")
+    ids, mask = left_padded_batch(seed=5, batch=2)
+    kw = dict(do_sample=False, pad_token_id=0, max_new_tokens=10, min_new_tokens=10)
+    prompt, assisted_kw = _prompt_and_greedy_kwargs(seed=6)
+    try:
+        replayssm.patch(model, buffer_len=8)
+        ref = model.generate(ids, attention_mask=mask, **kw)
+        ref_one = model.generate(prompt, **assisted_kw)
+        replayssm.patch(model, buffer_len=8, cuda_graphs=True)
+        with caplog.at_level(logging.WARNING, logger="replayssm"):
+            for _ in range(2):  # the second call finds the failed slot and stays eager
+                assert torch.equal(model.generate(ids, attention_mask=mask, **kw), ref)
+            if not compat.assisted_generation_gap(model):
+                with drafting(model, ScriptedDrafter(model, ref_one, 4, seed=2, min_draft=0)):
+                    assert torch.equal(model.generate(prompt, prompt_lookup_num_tokens=4, **assisted_kw), ref_one)
+        cause = "capture failed (RuntimeError: operation not permitted when stream is capturing)"
+        assert caplog.text.count(cause) == 1, caplog.text
+        reports = replayssm.graph_report(model)
+        assert [r["assisted"] for r in reports] == [False] + ([] if compat.assisted_generation_gap(model) else [True])
+        assert all(r["fallback"] == cause and not r["captured"] and r["captures"] == 0 for r in reports)
+        assert all(g.replays == 0 for g in cpu_graphs)
+    finally:
+        replayssm.unpatch(model)
+
+
 def test_off_cuda_falls_back_once(caplog):
     model = tiny("bamba")
     ids, mask = left_padded_batch(seed=5, batch=2)
