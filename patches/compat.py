@@ -9,7 +9,7 @@
   assisted draft's cache, crop with ``crop(-n)`` and refuse models whose class has
   ``_is_stateful``; 5.24 also checks ``cache.is_croppable`` after the prefill (5.17 does not),
   and while recording a layer keeps the prefill's whole conv input (5.24) or K columns (5.17),
-  which ``conv_window_of_prefill`` brings back to K columns. 5.17 refuses assisted generation on a
+  which ``conv_window_of_prefill`` brings back to K columns. 5.17-5.23 refuse assisted generation on a
   cache of type ``StaticCache``, whose layers cannot crop there (a graph decoder's assisted slot is
   a subclass that crops them: ``static_cache_class``); 5.24 takes it, drops the mask of a one-token
   step on a cache whose layers record their past (so ``speculative`` answers ``is_compileable`` as a
@@ -157,7 +157,7 @@ def sdpa_groups_decode_queries() -> bool:
 def attention_crop(layer_class: type):
     """The ``crop`` of the attention part of a cache-layer class (the first class in its MRO that
     defines ``crop`` and is not a linear-attention layer; ``static_layer_crop`` for a full-attention
-    static layer whose class has none, as before 5.18), None for a linear-attention-only class."""
+    static layer whose class has none, as before 5.24), None for a linear-attention-only class."""
     from transformers import cache_utils
 
     linear = getattr(cache_utils, "LinearAttentionCacheLayerMixin", None)
@@ -170,7 +170,7 @@ def attention_crop(layer_class: type):
 
 
 def static_layer_crop(layer, tokens_to_remove: int) -> None:
-    """``crop(-n)`` of a static attention cache layer as transformers 5.18+ does it (before, its
+    """``crop(-n)`` of a static attention cache layer as transformers 5.24+ does it (before, its
     ``StaticLayer`` has no ``crop``): the length counter moves back by n, in place (a captured graph
     reads it), and the next update overwrites the stale positions."""
     if tokens_to_remove > 0:
@@ -179,7 +179,7 @@ def static_layer_crop(layer, tokens_to_remove: int) -> None:
 
 
 def lacks_static_crop(layer) -> bool:
-    """A full-attention static cache layer whose class cannot crop (transformers before 5.18); not a
+    """A full-attention static cache layer whose class cannot crop (transformers before 5.24); not a
     sliding-window or indexed one, whose crop would have more to restore."""
     return _full_attention_static(type(layer)) and not callable(getattr(type(layer), "crop", None))
 
@@ -221,26 +221,30 @@ def is_uninitialized_linear_layer(layer) -> bool:
             and all(v is None for v in getattr(layer, "recurrent_states", {}).values()))
 
 
-def _before_5_18() -> bool:
+def _version() -> tuple[int, int]:
     import transformers
 
-    return tuple(int(p) for p in transformers.__version__.split(".")[:2]) < (5, 18)
+    return tuple(int(p) for p in transformers.__version__.split(".")[:2])
+
+
+def _before_5_24() -> bool:
+    return _version() < (5, 24)
 
 
 def static_cache_class(assisted: bool) -> type:
-    """The ``StaticCache`` class of a graph decoder's pooled cache. Before 5.18 the assisted loop refuses
+    """The ``StaticCache`` class of a graph decoder's pooled cache. Before 5.24 the assisted loop refuses
     a cache whose type is exactly ``StaticCache`` (its static layers cannot crop there): an assisted
     slot takes a subclass whose ``crop`` crops those layers by ``static_layer_crop``."""
     from transformers import StaticCache
 
-    if assisted and _before_5_18():
+    if assisted and _before_5_24():
         return _assisted_static_cache_class()
     return StaticCache
 
 
 def _crop_layers(cache, tokens_to_remove: int) -> None:
     """``crop`` of the assisted slot's cache: each layer's own, ``static_layer_crop`` for a full-attention
-    static layer, whose class has none before 5.18."""
+    static layer, whose class has none before 5.24."""
     for layer in cache.layers:
         if callable(getattr(type(layer), "crop", None)):
             layer.crop(tokens_to_remove)
@@ -248,7 +252,7 @@ def _crop_layers(cache, tokens_to_remove: int) -> None:
             static_layer_crop(layer, tokens_to_remove)
         else:
             raise ValueError(f"expected cache layers that can crop; found a {type(layer).__name__} (transformers "
-                             "before 5.18 gives it no crop)")
+                             "before 5.24 gives it no crop)")
 
 
 def _layers_croppable(cache) -> bool:
@@ -261,24 +265,23 @@ def _assisted_static_cache_class() -> type:
 
     return type("AssistedStaticCache", (StaticCache,), {
         "crop": _crop_layers, "is_croppable": property(_layers_croppable),
-        "__doc__": "A StaticCache that transformers < 5.18's assisted loop takes (its check is on the exact "
-                   "type), whose full-attention static layers crop as 5.18's do."})
+        "__doc__": "A StaticCache that transformers < 5.24's assisted loop takes (its check is on the exact "
+                   "type), whose full-attention static layers crop as 5.24's do."})
 
 
 def refuses_assisted_on_static_caches() -> bool:
-    """transformers before 5.18 refuses assisted generation on a ``StaticCache`` (a ValueError)."""
-    return _before_5_18()
+    """transformers before 5.24 refuses assisted generation on a ``StaticCache`` (a ValueError)."""
+    return _before_5_24()
 
 
 def assisted_generation_gap(model) -> str | None:
     """Why this transformers version's own assisted generation cannot serve ``model`` (patched or
-    not), or None. 5.17: its assisted loop looks the cache up under ``past_key_values`` only, which
-    its pure Mamba-2 model (``cache_params``) never has; and its qwen4_exp indexed attention, after a
-    partial rejection, continues off the greedy path although the rolled-back cache layers equal
-    freshly built ones (transformers' side; 5.24 passes the same test)."""
-    old = _before_5_18()
-    if old and generate_cache_kwarg(model) == "cache_params":
-        return "transformers < 5.18 assisted decoding needs a past_key_values cache; this model takes cache_params"
-    if old and str(getattr(getattr(model, "config", None), "model_type", "")).startswith("qwen4_exp"):
-        return "transformers < 5.18: qwen4_exp's indexed attention leaves the greedy path after a crop"
+    not), or None. Before 5.24 its assisted loop looks the cache up under ``past_key_values`` only,
+    which the pure Mamba-2 model (``cache_params``) never has; before 5.21 qwen4_exp's indexed
+    attention, after a partial rejection, continues off the greedy path although the rolled-back
+    cache layers equal freshly built ones (transformers' side; 5.21 passes the same test)."""
+    if _before_5_24() and generate_cache_kwarg(model) == "cache_params":
+        return "transformers < 5.24 assisted decoding needs a past_key_values cache; this model takes cache_params"
+    if _version() < (5, 21) and str(getattr(getattr(model, "config", None), "model_type", "")).startswith("qwen4_exp"):
+        return "transformers < 5.21: qwen4_exp's indexed attention leaves the greedy path after a crop"
     return None

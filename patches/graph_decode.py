@@ -11,7 +11,7 @@ mask transformers builds for a static cache) into the graph's static input tenso
 everything around the model call (logits processors, sampling, stopping) stay eager.
 
 Assisted generation (a draft model, prompt lookup) gets pooled slots of its own (before transformers
-5.18 a ``StaticCache`` subclass with croppable attention layers, ``compat.static_cache_class``):
+5.24 a ``StaticCache`` subclass with croppable attention layers, ``compat.static_cache_class``):
 after the prefill, every forward of T new tokens (a verify window, T = 1 in rounds without drafts)
 is captured once per shape on its second occurrence and replayed after that, while every ReplaySSM
 layer has all its entries committed (the state each crop leaves, which the captured window assumed:

@@ -137,7 +137,7 @@ def _prompt_and_greedy_kwargs(seed: int):
 def test_assisted_generation_replays_its_windows(family, cpu_graphs, caplog):
     """Scripted drafts of 0..4 tokens (rounds of one plain step included): token for token the plain
     greedy output, through window graphs captured once per shape and kept for the next call
-    (before transformers 5.18, on a ``StaticCache`` subclass whose attention layers crop; falcon_h1:
+    (before transformers 5.24, on a ``StaticCache`` subclass whose attention layers crop; falcon_h1:
     layers holding both an SSM and an attention part)."""
     model = tiny(family)
     if compat.assisted_generation_gap(model):

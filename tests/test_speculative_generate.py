@@ -273,8 +273,8 @@ def test_low_precision_checkpoints_with_rejected_drafts_stay_faithful(family, pa
 
 
 def test_static_layer_crop_moves_the_length_counter_back_in_place():
-    """The crop a static attention layer gets where its class has none (transformers before 5.18): the
-    counter moves back in place (a captured graph reads that tensor) as 5.18+'s own crop does; the
+    """The crop a static attention layer gets where its class has none (transformers before 5.24): the
+    counter moves back in place (a captured graph reads that tensor) as 5.24+'s own crop does; the
     assisted slot's cache class applies it there only; a positive count raises."""
     import types
 
@@ -290,7 +290,7 @@ def test_static_layer_crop_moves_the_length_counter_back_in_place():
     counter = layer.cumulative_length
     compat.static_layer_crop(layer, -3)
     assert layer.cumulative_length is counter and int(counter) == 2
-    if callable(getattr(StaticLayer, "crop", None)):  # transformers 5.18+: the same as its own crop
+    if callable(getattr(StaticLayer, "crop", None)):  # transformers 5.24+: the same as its own crop
         own = filled()
         own.crop(-3)
         assert int(own.cumulative_length) == 2 and not compat.lacks_static_crop(own)
