@@ -75,7 +75,10 @@ def test_assisted_greedy_on_a_static_cache_equals_plain_greedy(family):
             with pytest.raises(ValueError, match="Static cache"):
                 _scripted(model, ids, mask, ref, 4, seed=11, min_draft=0, **{key: cache})
             return
-        if not getattr(cache, "is_croppable", True):  # static sliding-window layers longer than their window
+        # static sliding-window layers longer than their window (a fresh cache's own is_croppable is no guide:
+        # 5.24's linear-attention layers answer False until their states exist; it asks after the prefill)
+        sliding = getattr(transformers.cache_utils, "StaticSlidingWindowLayer", None)
+        if sliding is not None and any(isinstance(layer, sliding) and not layer.is_croppable for layer in cache.layers):
             with pytest.raises(ValueError, match="can be cropped"):  # transformers' own clear error too
                 _scripted(model, ids, mask, ref, 4, seed=11, min_draft=0, **{key: cache})
             return
