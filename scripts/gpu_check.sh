@@ -8,6 +8,8 @@
 #                                             # dependencies) of these wheels put first on the path
 #   GPU_TEST_PART=1/2 ...                     # the tests of every other file only (2/2: the rest), for
 #                                             # machines that hold a call for less than the whole suite
+#   SKIP_TESTS=1 BENCH_SET=targets ...        # only the rows behind the README's generate() targets (graph
+#                                             # step at batch 1 and 256, speculative oracle at batch 1)
 # Logs and benchmark tables land in ${OUT:-out/gpu_check}/ (git-ignored).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +20,11 @@ if ! [[ "$PART" =~ ^([1-9][0-9]*)/([1-9][0-9]*)$ ]] || (( BASH_REMATCH[1] > BASH
   exit 2
 fi
 PART_I=${BASH_REMATCH[1]} PART_N=${BASH_REMATCH[2]}
+BENCH_SET="${BENCH_SET:-all}"
+if [[ "$BENCH_SET" != all && "$BENCH_SET" != targets ]]; then
+  echo "gpu_check.sh: BENCH_SET must be all or targets; got '$BENCH_SET'" >&2
+  exit 2
+fi
 # the files of this part: every n-th of the sorted list, from the i-th
 part_files() { sort | awk -v i="$PART_I" -v n="$PART_N" '(NR - i) % n == 0'; }
 mkdir -p "$OUT_DIR"
@@ -41,26 +48,37 @@ if python3 -c "import xdist" >/dev/null 2>&1; then
   AUTO=$(python3 -c "import torch; print(max(1, min(8, torch.cuda.get_device_properties(0).total_memory // (20 * 2**30))))")
   WORKERS="-n ${GPU_TEST_WORKERS:-$AUTO}"
 fi
-GPU_FILES=$(grep -rl --include='test_*.py' 'mark\.gpu' tests | part_files)
-echo "GPU test files, part $PART: $(echo $GPU_FILES | wc -w)" | tee -a "$OUT_DIR/gpu.txt"
-run_pytest "$OUT_DIR/gpu_tests.log" -m gpu $WORKERS ${PYTEST_ARGS:-} $GPU_FILES || rc=1
-# the unmarked tests that take the GPU when there is one (their files pick the device by CUDA's presence):
-# CI runs them under the interpreter, whose rounding is not the GPU's
-ADAPTIVE=$(grep -l 'is_available() else "cpu"' tests/*.py tests/*/*.py | part_files)
-if [ -n "$ADAPTIVE" ]; then
-  run_pytest "$OUT_DIR/gpu_adaptive_tests.log" -m "not gpu" $WORKERS ${PYTEST_ARGS:-} $ADAPTIVE || rc=1
+if [ -z "${SKIP_TESTS:-}" ]; then
+  GPU_FILES=$(grep -rl --include='test_*.py' 'mark\.gpu' tests | part_files)
+  echo "GPU test files, part $PART: $(echo $GPU_FILES | wc -w)" | tee -a "$OUT_DIR/gpu.txt"
+  run_pytest "$OUT_DIR/gpu_tests.log" -m gpu $WORKERS ${PYTEST_ARGS:-} $GPU_FILES || rc=1
+  # the unmarked tests that take the GPU when there is one (their files pick the device by CUDA's presence):
+  # CI runs them under the interpreter, whose rounding is not the GPU's
+  ADAPTIVE=$(grep -l 'is_available() else "cpu"' tests/*.py tests/*/*.py | part_files)
+  if [ -n "$ADAPTIVE" ]; then
+    run_pytest "$OUT_DIR/gpu_adaptive_tests.log" -m "not gpu" $WORKERS ${PYTEST_ARGS:-} $ADAPTIVE || rc=1
+  fi
+  # another transformers (e.g. the newest, where the machine has an older one): the model-facing GPU tests again
+  if [ -n "${TF_WHEELS:-}" ]; then
+    TF_DIR="$OUT_DIR/transformers-other"
+    python3 -m pip install -q --no-deps --target "$TF_DIR" "$TF_WHEELS"/*.whl >>"$OUT_DIR/install.log" 2>&1 || rc=1
+    PYTHONPATH="$TF_DIR" python3 -c "import transformers; print('transformers', transformers.__version__)" \
+      | tee -a "$OUT_DIR/gpu.txt"
+    PYTHONPATH="$TF_DIR" run_pytest "$OUT_DIR/gpu_tests_other_transformers.log" $WORKERS -p no:cacheprovider \
+      ${PYTEST_ARGS:-} tests/test_graph_decode_gpu.py tests/test_patched_model_gpu.py tests/test_live_caches.py \
+      tests/test_generate_quant_gpu.py tests/test_decode_attention_gpu.py tests/test_latent_attention_gpu.py || rc=1
+  fi
 fi
-# another transformers (e.g. the newest, where the machine has an older one): the model-facing GPU tests again
-if [ -n "${TF_WHEELS:-}" ]; then
-  TF_DIR="$OUT_DIR/transformers-other"
-  python3 -m pip install -q --no-deps --target "$TF_DIR" "$TF_WHEELS"/*.whl >>"$OUT_DIR/install.log" 2>&1 || rc=1
-  PYTHONPATH="$TF_DIR" python3 -c "import transformers; print('transformers', transformers.__version__)" \
-    | tee -a "$OUT_DIR/gpu.txt"
-  PYTHONPATH="$TF_DIR" run_pytest "$OUT_DIR/gpu_tests_other_transformers.log" $WORKERS -p no:cacheprovider \
-    ${PYTEST_ARGS:-} tests/test_graph_decode_gpu.py tests/test_patched_model_gpu.py tests/test_live_caches.py \
-    tests/test_generate_quant_gpu.py tests/test_decode_attention_gpu.py tests/test_latent_attention_gpu.py || rc=1
-fi
-if [ -z "${SKIP_BENCH:-}" ]; then
+if [ -z "${SKIP_BENCH:-}" ] && [ "$BENCH_SET" = targets ]; then
+  for p in nemotron3-nano-like qwen3.5-4b-like; do
+    python3 -m replayssm.cli bench --preset "$p" -b 1,256 --variants graphs,graphs-per-step \
+      --json "$OUT_DIR/bench_$p.json" 2>&1 | tee "$OUT_DIR/bench_$p.log" || rc=1
+  done
+  for p in nemotron3-nano-like qwen3.5-4b-like; do
+    python3 examples/benchmarks/bench_speculative.py --preset "$p" --accept 1 --draft-model none \
+      --out "$OUT_DIR/speculative_$p" 2>&1 | tee "$OUT_DIR/bench_speculative_$p.log" || rc=1
+  done
+elif [ -z "${SKIP_BENCH:-}" ]; then
   python3 examples/benchmarks/bench_kernels.py --out "$OUT_DIR" ${BENCH_ARGS:-} 2>&1 | tee "$OUT_DIR/bench_kernels.log" || rc=1
   python3 examples/benchmarks/bench_verify.py --out "$OUT_DIR" 2>&1 | tee "$OUT_DIR/bench_verify.log" || rc=1
   # verify windows on 16-bit and 8-bit checkpoints
