@@ -28,6 +28,8 @@ issues eager launches, to compare machines. ``--profile N`` (CUDA graphs): for t
 host operators) from one more run. ``--stock``: rows of the unpatched model too (eager), its plain decoding
 and, on transformers 5.25+ (which serves assisted decoding of these models by copying every layer's recurrent
 state per drafted token), the oracle drafter: the speculative decoding a user gets without ReplaySSM.
+Where timing noise leaves the long run no longer than the short one, a row's differenced figures (decode
+rate, its ratio, round and host time) read n/a (null in the JSON) and its ``note`` says so.
 Writes ``speculative.json`` / ``speculative.md`` to ``--out``.
 
     python examples/benchmarks/bench_speculative.py --preset nemotron3-nano-like --accept 1,0.75,0.5,0.25,0
@@ -179,11 +181,30 @@ def _rate(out, ids, seconds) -> float:
     return round((out.shape[1] - ids.shape[1]) / seconds, 2)
 
 
-def _decode_rate(long, short) -> float:
-    """Tokens per second between a short and a long run (each ``(output, seconds, ...)``): the prefill
-    and the first steps cancel."""
-    tokens = long[0].shape[1] - short[0].shape[1]
-    return round(tokens / max(long[1] - short[1], 1e-9), 2)
+#: a row's note where the short run took as long as the long one (its differenced figures are left out)
+NOISE_NOTE = "timing noise exceeds the long run's extra time; raise --new-tokens or --reps"
+
+
+def _extra_seconds(long, short) -> float | None:
+    """Seconds the long run took beyond the short one (each ``(output, seconds, ...)``), or None where
+    timing noise left it no longer: a figure differenced from that would be meaningless."""
+    extra = long[1] - short[1]
+    return extra if extra > 0 else None
+
+
+def _decode_rate(long, short) -> float | None:
+    """Tokens per second between a short and a long run: the prefill and the first steps cancel (None:
+    ``_extra_seconds``)."""
+    extra = _extra_seconds(long, short)
+    return None if extra is None else round((long[0].shape[1] - short[0].shape[1]) / extra, 2)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else round(a / b, 3)
+
+
+def _cell(value) -> str:
+    return "n/a" if value is None else str(value)
 
 
 class ForwardClock:
@@ -301,15 +322,16 @@ def run(model, ids, args) -> list[dict]:
             clocks.append(clock.seconds / max(clock.calls - 1, 1))
         replays = (_window_replays(model) - replays) // args.reps
         forward_ms = sorted(clocks)[args.reps // 2] * 1e3
-        round_ms = (long[1] - brief[1]) / max(drafter.rounds - brief[2].rounds, 1) * 1e3
+        extra = _extra_seconds(long, brief)
+        round_ms = None if extra is None else round(extra / max(drafter.rounds - brief[2].rounds, 1) * 1e3, 3)
         if args.profile and graphs and accept == args.accept[0]:
             from profile_generate import profile_steps
 
             profiled = profile_steps(model, ids, top=args.profile, run=lambda: _speculative(
                 model, ids, new, args.draft, oracle, accept, vocab))
             print(json.dumps({"profile_per_round": profiled, "accept": accept}), flush=True)
-        rows.append(dict(row, window_replays=replays, round_ms=round(round_ms, 3), forward_ms=round(forward_ms, 3),
-                         host_ms=round(round_ms - forward_ms, 3)))
+        rows.append(dict(row, window_replays=replays, round_ms=round_ms, forward_ms=round(forward_ms, 3),
+                         host_ms=None if round_ms is None else round(round_ms - forward_ms, 3)))
     repeating = ids[:, : max(ids.shape[1] // 4, 2)].repeat(1, 4)
     plain_long, plain_brief = timed_pair(lambda n: _timed(lambda: _greedy(model, repeating, n)))
     drafted = [("prompt lookup, repeating prompt", repeating, plain_long, plain_brief,
@@ -332,8 +354,11 @@ def run(model, ids, args) -> list[dict]:
         rows += stock_rows(model, ids, args, vocab, timed_pair)
     base = rows[1 if ids.is_cuda else 0]  # the best plain decoding: the speculative rows decode the same way
     for row in rows:
-        row["vs_plain"] = round(row["tokens_per_s"] / base["tokens_per_s"], 3)
-        row["e2e_vs_plain"] = round(row["e2e_tokens_per_s"] / base["e2e_tokens_per_s"], 3)
+        row["vs_plain"] = _ratio(row["tokens_per_s"], base["tokens_per_s"])
+        row["e2e_vs_plain"] = _ratio(row["e2e_tokens_per_s"], base["e2e_tokens_per_s"])
+        if row["tokens_per_s"] is None:
+            row["note"] = NOISE_NOTE
+            print(f"bench_speculative.py: {row['mode']}: {NOISE_NOTE}", file=sys.stderr)
     return rows
 
 
@@ -398,10 +423,10 @@ def main(argv=None) -> int:
              "| mode | acceptance | decode tokens/s | x plain | tokens/s with prefill | x plain | rounds | "
              "round ms | forward ms | host ms | oracle runs | same tokens as plain greedy |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    lines += [f"| {r['mode']} | {r.get('acceptance', '')} | {r['tokens_per_s']} | {r['vs_plain']} | "
-              f"{r['e2e_tokens_per_s']} | {r['e2e_vs_plain']} | {r.get('rounds', '')} | {r.get('round_ms', '')} | "
-              f"{r.get('forward_ms', '')} | {r.get('host_ms', '')} | {r.get('oracle_runs', '')} | "
-              f"{r['same_as_plain']} |" for r in rows]
+    lines += [f"| {r['mode']} | {r.get('acceptance', '')} | {_cell(r['tokens_per_s'])} | {_cell(r['vs_plain'])} | "
+              f"{r['e2e_tokens_per_s']} | {_cell(r['e2e_vs_plain'])} | {r.get('rounds', '')} | "
+              f"{_cell(r.get('round_ms', ''))} | {r.get('forward_ms', '')} | {_cell(r.get('host_ms', ''))} | "
+              f"{r.get('oracle_runs', '')} | {r['same_as_plain']} |" for r in rows]
     (out / "speculative.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if meta["dtype"] == "float32":  # token for token the plain greedy output, whatever was drafted
