@@ -73,8 +73,6 @@ if [ -z "${SKIP_BENCH:-}" ] && [ "$BENCH_SET" = targets ]; then
   for p in nemotron3-nano-like qwen3.5-4b-like; do
     python3 -m replayssm.cli bench --preset "$p" -b 1,256 --variants graphs,graphs-per-step \
       --json "$OUT_DIR/bench_$p.json" 2>&1 | tee "$OUT_DIR/bench_$p.log" || rc=1
-  done
-  for p in nemotron3-nano-like qwen3.5-4b-like; do
     python3 examples/benchmarks/bench_speculative.py --preset "$p" --accept 1 --draft-model none \
       --out "$OUT_DIR/speculative_$p" 2>&1 | tee "$OUT_DIR/bench_speculative_$p.log" || rc=1
   done
