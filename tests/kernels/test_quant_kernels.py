@@ -87,6 +87,35 @@ def test_triton_decodes_every_code_exactly(dtype):
     assert torch.equal(got.view(torch.int32), codes.float().view(torch.int32))
 
 
+def check_planes_dot(device):
+    """``planes_dot`` (int8 codes against a vector in byte planes, integer dot products) against a
+    float64 oracle: within 2^-21 of sum |code| * max |c| plus |exact| (its one rounding of c, a few
+    fp32 ulps of the largest element); every code from -128 to 127, elements spanning 40 binades,
+    zero vectors, and NaN from any element that is not finite."""
+    from replayssm.kernels.quant_triton import planes_probe
+
+    g = torch.Generator().manual_seed(7)
+    codes = torch.randint(-128, 128, (32, 128), generator=g, dtype=torch.int32).to(torch.int8)
+    codes[0] = torch.arange(-128, 128, 2).to(torch.int8)
+    codes[1] = 127
+    for scale in (1e-30, 3e-3, 1.0, 7e4):
+        c = torch.randn(128, generator=g) * scale * torch.exp2(torch.randint(-20, 20, (128,), generator=g).float())
+        c[5] = 0.0
+        got = planes_probe(codes.to(device), c.to(device)).cpu().double()
+        exact = codes.double() @ c.double()
+        bound = (codes.double().abs().sum(1) * c.abs().max().double() + exact.abs()) * 2.0 ** -21
+        assert ((got - exact).abs() <= bound).all(), float(((got - exact).abs() / bound).max())
+    assert torch.equal(planes_probe(codes.to(device), torch.zeros(128, device=device)).cpu(), torch.zeros(32))
+    for bad in (float("inf"), float("-inf"), float("nan")):
+        c = torch.randn(128, generator=g)
+        c[17] = bad
+        assert torch.isnan(planes_probe(codes.to(device), c.to(device))).all()
+
+
+def test_planes_dot_matches_float64():
+    check_planes_dot(DEV)
+
+
 @pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
 @pytest.mark.parametrize("dtype,sr", [(torch.int8, False), (torch.int8, True), (torch.float8_e4m3fn, False),
                                       (torch.float8_e4m3fn, True), (torch.bfloat16, True)])

@@ -106,3 +106,11 @@ def test_stochastic_flush_in_a_cuda_graph_draws_anew(family):
     torch.cuda.synchronize()
     assert not torch.equal(seen[0], seen[1]) and not torch.equal(seen[1], seen[2]), "the graph replays one draw"
     assert int(rng[:, 1].min()) == 4  # the warm-up and three replays each advanced every row once (a capture runs nothing)
+
+
+def test_planes_dot_in_ptx_matches_float64():
+    """The int8 words' ``S0 . C`` through the GPU's ``dp4a`` (the interpreter emulates it): the
+    float64 oracle's bound, every code, NaN from a non-finite element."""
+    from test_quant_kernels import check_planes_dot
+
+    check_planes_dot("cuda")

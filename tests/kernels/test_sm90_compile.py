@@ -24,13 +24,17 @@ for fmt in (4, 3):
     consts = dict(FMT=fmt, BLOCK=256)
     sig = dict(q_ptr=stored[fmt], out_ptr="*fp32", n="i32", FMT="constexpr", BLOCK="constexpr")
     triton.compile(ASTSource(Q.codes_probe_kernel, sig, constexprs=consts), target=target)
+consts = dict(BM=32, BW=32)
+sig = dict(w_ptr="*i32", c_ptr="*fp32", out_ptr="*fp32", M="i32", NW="i32", BM="constexpr", BW="constexpr")
+triton.compile(ASTSource(Q.planes_probe_kernel, sig, constexprs=consts), target=target)
 print("compiled")
 """
 
 
 def test_quantize_and_decode_routes_compile_for_sm90():
     """Every stored format x rounding x scale axis x e4m3 route of ``quantize_tile`` (the flush
-    kernels' rounding) and the 8-bit code decoding, compiled to a cubin by Triton's own toolchain."""
+    kernels' rounding), the 8-bit code decoding and the int8 words' ``dp4a`` products, compiled
+    to a cubin by Triton's own toolchain."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]
