@@ -43,6 +43,10 @@ class LaunchConfig:
         moves every row's cursor on (batches up to ``persistent.FLUSH_ROWS``; one launch above). The
         output-only launch reads a one-tile int8 checkpoint as int32 words of four codes.
     flush_warps: warps of the split's flush launch (None: ``num_warps``).
+    word_dots: the split's output-only launch takes ``S0 . C`` on int8 words as ``dp4a`` integer products
+        against C rounded to 2^-22 of its largest element in byte planes (``quant_triton.planes_dot``)
+        instead of decoding each code (a third fewer instructions in its loop over heads, sm_90); off
+        until timed on a GPU (TUNING.md).
     """
 
     block_p: int
@@ -56,6 +60,7 @@ class LaunchConfig:
     dot_precision: str | None = None
     split_routes: bool = False
     flush_warps: int | None = None
+    word_dots: bool = False
 
     def __post_init__(self):
         for name in ("block_p", "block_n", "flush_block_n", "num_warps"):

@@ -86,7 +86,8 @@ def replay_flags(cfg: LaunchConfig, N: int, L: int, n_rows: int, *, has_dt_bias:
                  route: int = 0, words: bool = False) -> Flags:
     """The compile-time switches of a replay launch of ``cfg`` over ``n_rows`` rows; ``route``: 0 one
     launch, 1 / 2 the output-only / flush launch of ``split_routes``; ``words``: the launch has the
-    checkpoint's int32 view (``state_words``), which the output-only launch reads."""
+    checkpoint's int32 view (``state_words``), which the output-only launch reads (``WORDS`` 1, or 2
+    with ``cfg.word_dots``)."""
     # one state tile: the first head's loads go out before the cursor (not in a flush launch, whose
     # other rows' programs only arrive)
     early = cfg.block_n >= N and route != 2
@@ -98,7 +99,7 @@ def replay_flags(cfg: LaunchConfig, N: int, L: int, n_rows: int, *, has_dt_bias:
         FLUSH_FMA=cfg.flush_fma, EARLY=early,
         FLUSH_FROM_EARLY=early and cfg.flush_block_n == cfg.block_n, FLUSH_FIRST_BB=flush_first_bb,
         BLOCK_P=cfg.block_p, BLOCK_N=cfg.block_n, BLOCK_NF=cfg.flush_block_n, BLOCK_L=max(16, pow2(L)), FMT=fmt,
-        SR=bool(sr), ROUTE=route, WORDS=early and words and route == 1))
+        SR=bool(sr), ROUTE=route, WORDS=(2 if cfg.word_dots else 1) if early and words and route == 1 else 0))
 
 
 def quant_config(cfg: LaunchConfig, N: int, scaled: bool, given: bool) -> LaunchConfig:

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from ..persistent import flush_first_row
-from ..quant_triton import c_planes, codes_to_f32, planes_dot
+from ..quant_triton import biased_words, c_planes, codes_to_f32, planes_dot, word_code_to_f32
 from ..split_dot import dot_f32
 from .heads import head_constants, head_scale, process_dt, store_state_tile, window_weights
 
@@ -36,7 +36,8 @@ Layout = namedtuple("Layout", "P N L G HPG HC n_hc n_pb s_b s_h s_p s_n xb_b xb_
 #: ROUTE: 0 both routes; 1 the output-only rows alone (no flush code, no cursor advance); 2 the flushing
 #: rows alone, with the launch-wide cursor advance of every row (after a ROUTE 1 launch)
 #: WORDS (ROUTE 1, one tile): an int8 checkpoint read as int32 words of 4 codes (``Tensors.words``: its
-#: int32 view), ``S0 . C`` as integer dot products (``dp4a``) against C in byte planes: no code conversions
+#: int32 view); 1: decoded by shifts and masks (a quarter of the loads, fewer instructions a code), 2:
+#: ``S0 . C`` as ``dp4a`` integer products against C in byte planes (``LaunchConfig.word_dots``)
 Flags = namedtuple("Flags", "HAS_DT_BIAS HAS_D HAS_Z DT_SOFTPLUS ZERO_IDLE DOT_LOWP DOT_PREC FLUSH_FMA EARLY "
                             "FLUSH_FROM_EARLY FLUSH_FIRST_BB BLOCK_P BLOCK_N BLOCK_NF BLOCK_L FMT SR ROUTE WORDS")
 
@@ -74,6 +75,18 @@ def _load_words(b, h, offs_p, mask_p, t, lay, k):
     offs_w = tl.arange(0, k.BLOCK_N // 4)
     return tl.load(t.words + b * (lay.s_b // 4) + h * (lay.s_h // 4) + offs_p[:, None] * (lay.s_p // 4)
                    + offs_w[None, :], mask=mask_p[:, None] & (offs_w < lay.N // 4)[None, :], other=0)
+
+
+@triton.jit
+def _words_dot(wt, c0, c1, c2, c3):
+    """(BLOCK_P,) sums ``S0 . C`` of int8 words ``wt`` (BLOCK_P, BLOCK_N // 4) against C split by column
+    mod 4 (``c0`` .. ``c3``, (BLOCK_N // 4,) fp32): one xor a word, a fused multiply-add a code."""
+    u = biased_words(wt)
+    acc = word_code_to_f32(u, 0) * c0[None, :]
+    acc += word_code_to_f32(u, 8) * c1[None, :]
+    acc += word_code_to_f32(u, 16) * c2[None, :]
+    acc += word_code_to_f32(u, 24) * c3[None, :]
+    return tl.sum(acc, 1)
 
 
 @triton.jit
@@ -334,7 +347,8 @@ def _output_heads_one_tile(b, h0, nh, pb, c, bc, offs_p, mask_p, rows, e, t, io,
         c1 = tl.load(C_row + (4 * offs_w + 1) * io.C_n, mask=mw, other=0.0).to(tl.float32)
         c2 = tl.load(C_row + (4 * offs_w + 2) * io.C_n, mask=mw, other=0.0).to(tl.float32)
         c3 = tl.load(C_row + (4 * offs_w + 3) * io.C_n, mask=mw, other=0.0).to(tl.float32)
-        c_hi, c_mid, c_lo, c_down, c_nan = c_planes(c0, c1, c2, c3)
+        if k.WORDS == 2:
+            c_hi, c_mid, c_lo, c_down, c_nan = c_planes(c0, c1, c2, c3)
     s_t = s_e
     xw_t = tl.where(mx, xw_e, 0.0)
     dtw_t = tl.where(valid_l, dtw_e, 0.0)
@@ -359,7 +373,10 @@ def _output_heads_one_tile(b, h0, nh, pb, c, bc, offs_p, mask_p, rows, e, t, io,
         a_n, dtb_n, dco_n = head_constants(hn, ok, t, io, k)
 
         if k.WORDS:
-            acc = planes_dot(s_t, c_hi, c_mid, c_lo, c_down, c_nan)  # S0 . C
+            if k.WORDS == 2:
+                acc = planes_dot(s_t, c_hi, c_mid, c_lo, c_down, c_nan)  # S0 . C
+            else:
+                acc = _words_dot(s_t, c0, c1, c2, c3)
         else:
             acc = tl.sum(codes_to_f32(s_t, k.FMT) * cv[None, :], 1)  # S0 . C
         if k.FMT >= 3:

@@ -127,19 +127,21 @@ def test_replay_kernel_matches_reference(family, dtype, sr, batch):
     assert same_rng
 
 
-@pytest.mark.parametrize("N,words", [(32, True), (10, False)], ids=["int32-words", "bytes"])
+@pytest.mark.parametrize("N,words,dots", [(32, True, False), (32, True, True), (10, False, True)],
+                         ids=["int32-words", "int32-words-dp4a", "bytes"])
 @pytest.mark.parametrize("sr", [False, True])
-def test_mamba2_split_routes_int8_words(N, words, sr, monkeypatch):
+def test_mamba2_split_routes_int8_words(N, words, dots, sr, monkeypatch):
     """Mamba-2's split routes on an int8 checkpoint (the default from batch 128): the output-only
-    launch reads the codes as int32 words where N is a multiple of 4 and bytes otherwise; both
-    follow the reference (outputs, stored codes, counters) with rows at staggered cursors."""
+    launch reads the codes as int32 words where N is a multiple of 4 (decoded, or as ``dp4a``
+    products with ``word_dots``) and bytes otherwise; each follows the reference (outputs, stored
+    codes, counters) with rows at staggered cursors."""
     import dataclasses
 
     from replayssm.kernels.mamba2 import launch
 
     default, state_words, views = launch.default_config, launch.state_words, []
-    monkeypatch.setattr(launch, "default_config",
-                        lambda *a: dataclasses.replace(default(*a), split_routes=True, flush_warps=2))
+    monkeypatch.setattr(launch, "default_config", lambda *a: dataclasses.replace(
+        default(*a), split_routes=True, flush_warps=2, word_dots=dots))
     monkeypatch.setattr(launch, "state_words", lambda *a: views.append(state_words(*a)) or views[-1])
     y_err, off, same_rng = compare("mamba2", torch.int8, sr, 6, steps=7, device=DEV, shape=(2, 16, N, 1))
     assert views and all((v is not None) is words for v in views)

@@ -39,19 +39,20 @@ def test_8bit_checkpoint_beside_bf16_rings(family, dtype):
     assert off < 1e-3, f"{off:.2e} of the stored values are more than one quantum from the reference's"
 
 
-@pytest.mark.parametrize("dtype,sr", [(torch.int8, True), (torch.float8_e4m3fn, False), (torch.bfloat16, True)])
-def test_mamba2_split_routes_match_reference(dtype, sr, monkeypatch):
+@pytest.mark.parametrize("dtype,sr,dots", [(torch.int8, True, False), (torch.int8, False, True),
+                                           (torch.float8_e4m3fn, False, False), (torch.bfloat16, True, False)])
+def test_mamba2_split_routes_match_reference(dtype, sr, dots, monkeypatch):
     """Mamba-2's two-launch replay step (``LaunchConfig.split_routes``, the 8-bit default from batch
     256 for e4m3, 128 for int8, whose codes the output-only launch reads as int32 words; the flush
-    launch on 2 warps) with rows at staggered cursors, every checkpoint format: the reference's
-    outputs and stored values, and its counters."""
+    launch on 2 warps; int8 words also as ``dp4a`` products, ``word_dots``) with rows at staggered
+    cursors, every checkpoint format: the reference's outputs and stored values, and its counters."""
     import dataclasses
 
     from replayssm.kernels.mamba2 import launch
 
     default = launch.default_config
-    monkeypatch.setattr(launch, "default_config",
-                        lambda *a: dataclasses.replace(default(*a), split_routes=True, flush_warps=2))
+    monkeypatch.setattr(launch, "default_config", lambda *a: dataclasses.replace(
+        default(*a), split_routes=True, flush_warps=2, word_dots=dots))
     y_err, off, same_rng = compare("mamba2", dtype, sr, 64, steps=20, device="cuda", L=16, shape=SHAPES["mamba2"])
     assert y_err < 1e-3, y_err
     assert off < 1e-4, f"{off:.2e} of the stored values are more than one quantum from the reference's"
