@@ -34,6 +34,8 @@ __all__ = [
 
 #: largest stored magnitude of the scaled dtypes
 QMAX = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0}
+#: vectors whose absmax is below this are stored as zero codes (``QMAX / amax`` must be finite)
+AMAX_FLOOR = 2.0 ** -100
 
 MASK32 = 0xFFFFFFFF
 #: the hash's constants (lowbias32 by C. Wellons; golden-ratio increments)
@@ -199,13 +201,14 @@ def quantize(s: torch.Tensor, dtype: torch.dtype, dim: int, u: torch.Tensor | No
     """fp32 ``s`` -> (stored values in ``dtype``, fp32 scales over ``dim`` or None).
 
     int8 / fp8: absmax over ``dim``, ``d = amax / QMAX``, values ``round(s * (QMAX / amax))``
-    (0 where amax is 0). Other dtypes: ``round_bits`` of ``s`` itself."""
+    (0 where amax is below ``AMAX_FLOOR`` or NaN; a NaN or inf in a vector leaves its scale non-finite).
+    Other dtypes: ``round_bits`` of ``s`` itself."""
     s = s.float()
     if not is_scaled(dtype):
         return round_bits(s, dtype, u), None
     qmax = QMAX[dtype]
     amax = s.abs().amax(dim=dim, keepdim=True)
-    enc = torch.where(amax > 0, qmax / amax, torch.zeros((), device=s.device))
+    enc = torch.where(amax >= AMAX_FLOOR, qmax / amax, torch.zeros((), device=s.device))
     return round_bits(s * enc, dtype, u), (amax / qmax).squeeze(dim)
 
 

@@ -102,7 +102,8 @@ def _rn_e4m3(v):
 
 @triton.jit
 def round_to(v, u, FMT: tl.constexpr, SR: tl.constexpr, CAST_E4M3: tl.constexpr = False):
-    """``quant.round_bits`` up to the final cast: fp32 ``v`` (scaled for int8 / fp8) rounded so that
+    """``quant.round_bits`` up to the final cast: fp32 ``v`` (scaled for int8 / fp8 by ``quantize_tile``:
+    ``|v| <= QMAX`` up to an ulp; non-finite values leave a non-finite scale) rounded so that
     the caller's cast to the stored dtype is exact (int8: the codes themselves); nearest (the cast
     rounds) unless SR, with the random bits ``u``. CAST_E4M3: nearest e4m3 left to the caller's cast
     where that rounds to nearest even (``CAST_ROUNDS_E4M3``), instead of integer operations."""
@@ -113,8 +114,9 @@ def round_to(v, u, FMT: tl.constexpr, SR: tl.constexpr, CAST_E4M3: tl.constexpr 
             q = tl.minimum(tl.maximum(tl.floor(v + r), -127.0), 127.0).to(tl.int8)
         else:
             # nearest, ties to even: adding 1.5 * 2^23 rounds |v| <= 127 to an integer in the low
-            # mantissa bits, whose low byte is the two's-complement code (no FRND or F2I, quarter-rate)
-            y = tl.minimum(tl.maximum(v, -127.0), 127.0) + 12582912.0
+            # mantissa bits, whose low byte is the two's-complement code (no FRND or F2I, quarter-rate);
+            # no clamp: |v| <= 127 (1 + 2^-22) by construction (``quantize_tile``), which rounds to 127
+            y = v + 12582912.0
             q = y.to(tl.int32, bitcast=True).to(tl.int8)
         return q
     elif FMT == 3:  # fp8 e4m3
@@ -237,15 +239,21 @@ def planes_dot(w, hi, mid, lo, down, poison):
 
 
 @triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def tile_scale(s, AXIS: tl.constexpr, FMT: tl.constexpr):
-    """(encode factors, stored scales) of an fp32 tile over AXIS: ``QMAX / amax`` (0 where amax is 0)
-    and ``amax / QMAX``; for unscaled formats (1, 1)."""
+    """(encode factors, stored scales) of an fp32 tile over AXIS: ``QMAX / amax`` (0 where amax is
+    below ``quant.AMAX_FLOOR`` or NaN) and ``amax / QMAX``. amax propagates NaN (``tl.max`` on the GPU
+    drops it): a vector holding NaN or inf keeps a non-finite scale, as in ``quant.quantize``."""
     if FMT == 4:
         qmax = 127.0
     else:
         qmax = 448.0
-    amax = tl.max(tl.abs(s), axis=AXIS)
-    enc = tl.where(amax > 0.0, qmax / amax, 0.0)
+    amax = tl.reduce(tl.abs(s), AXIS, _max_nan)
+    enc = tl.where(amax >= 7.888609052210118e-31, qmax / amax, 0.0)  # quant.AMAX_FLOOR, 2^-100
     return enc, amax / qmax
 
 

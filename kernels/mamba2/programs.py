@@ -200,8 +200,8 @@ def _flush_heads_fma(b, h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k):
         mn = offs_nf < lay.N
         s_ptrs = st_row + h0 * lay.s_h + offs_p[:, None] * lay.s_p + offs_nf[None, :] * lay.s_n
         sc = head_scale(b, h0, offs_p, mask_p, t, io, k)
-        s_new = _fma_window_update(s_e.to(tl.float32) * sc[:, None], bc_e, d, xcb, a_e, h0, offs_p, mask_p, offs_nf,
-                                   mn, rows, t, lay, k)
+        s_new = _fma_window_update(codes_to_f32(s_e, k.FMT) * sc[:, None], bc_e, d, xcb, a_e, h0, offs_p, mask_p,
+                                   offs_nf, mn, rows, t, lay, k)
         store_state_tile(s_ptrs, s_new, mask_p[:, None] & mn[None, :], b, h0, offs_p, mask_p, offs_nf, t, io, lay, k)
         acc_y = tl.sum(s_new * cv_e.to(tl.float32)[None, :], 1)
         _head_output_and_append(acc_y, h0, c, pb, xc_e, xcb, d, dco_e, offs_p, mask_p, rows, t, io, lay, k)
@@ -219,7 +219,7 @@ def _flush_heads_fma(b, h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k):
             mn = nn < lay.N
             m2 = mask_p[:, None] & mn[None, :]
             s_ptrs = st_row + h * lay.s_h + offs_p[:, None] * lay.s_p + nn[None, :] * lay.s_n
-            s0 = tl.load(s_ptrs, mask=m2, other=0.0).to(tl.float32) * sc[:, None]
+            s0 = codes_to_f32(tl.load(s_ptrs, mask=m2, other=0.0), k.FMT) * sc[:, None]
             cv = tl.load(C_row + nn * io.C_n, mask=mn, other=0.0).to(tl.float32)
             bcur = tl.load(B_row + nn * io.B_n, mask=mn, other=0.0)
             s_new = _fma_window_update(s0, bcur, d, xcb, a_h, h, offs_p, mask_p, nn, mn, rows, t, lay, k)
@@ -293,7 +293,7 @@ def _flush_heads_dot(b, h0, nh, pb, c, offs_p, mask_p, rows, e, t, io, lay, k):
         else:
             upd = dot_f32(tl.trans(xw), wb, False, k.DOT_PREC)
         sc = head_scale(b, h, offs_p, mask_p, t, io, k)
-        s_new = abar * (s_t.to(tl.float32) * sc[:, None]) + upd
+        s_new = codes_to_f32(s_t, k.FMT) * (abar * sc)[:, None] + upd  # one multiply-add an element
         store_state_tile(st_row + h * lay.s_h + offs_p[:, None] * lay.s_p + nn[None, :] * lay.s_n, s_new,
                           mask_p[:, None] & mn[None, :], b, h, offs_p, mask_p, nn, t, io, lay, k)
         acc_y += tl.sum(s_new * cv_t.to(tl.float32)[None, :], 1)

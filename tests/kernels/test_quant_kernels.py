@@ -41,6 +41,37 @@ def test_triton_quantize_is_bit_exact(dtype, axis, sr):
     assert (d is None and dr is None) or torch.equal(d, dr)
 
 
+def check_vectors_at_the_edges(device):
+    """Vectors holding NaN or inf keep a non-finite scale (every value they decode to is non-finite,
+    never a silently finite state), in the kernels' rounding as in the reference; a vector below
+    ``AMAX_FLOOR`` is stored as zero codes; finite vectors' codes and scales equal the reference's."""
+    from replayssm.kernels.quant_triton import quant_probe
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 32, generator=g)
+    x[1, 7] = float("nan")
+    x[2, 3] = float("inf")
+    x[3, 9] = float("-inf")
+    x[4] *= 1e-33
+    x[5] = 0.0
+    for dtype in (torch.int8, torch.float8_e4m3fn):
+        for sr in (False, True):
+            rng = torch.tensor([[99, 5]], dtype=torch.int64, device=device) if sr else None
+            q, d = quant_probe(x.to(device), dtype, 1, rng[0] if sr else None)
+            qr, dr = Q.quantize(x, dtype, 1, Q._state_bits(rng.cpu(), (6, 32))[0] if sr else None)
+            q, d = q.cpu(), d.cpu()
+            for got, scale in ((q, d), (qr, dr)):
+                assert not Q.dequantize(got[1:4], scale[1:4], 1).isfinite().any(), (dtype, sr)
+                assert torch.equal(_codes(got[4:]), torch.zeros_like(_codes(got[4:]))), (dtype, sr)
+            fin = [0, 4, 5]
+            assert torch.equal(_codes(q[fin]), _codes(qr[fin])) and torch.equal(d[fin], dr[fin]), (dtype, sr)
+            assert d[1].isnan() and dr[1].isnan() and d[2:4].isinf().all() and dr[2:4].isinf().all()
+
+
+def test_vectors_at_the_edges():
+    check_vectors_at_the_edges(DEV)
+
+
 @pytest.mark.parametrize("axis", [0, 1])
 def test_fp8_nearest_by_the_cast_is_bit_exact(axis):
     """Nearest e4m3 left to the store's cast (``CAST_E4M3``, what the Gated DeltaNet flush uses; on the

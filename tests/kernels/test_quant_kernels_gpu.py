@@ -115,3 +115,11 @@ def test_planes_dot_in_ptx_matches_float64():
     from test_quant_kernels import check_planes_dot
 
     check_planes_dot("cuda")
+
+
+def test_vectors_at_the_edges_on_the_gpu():
+    """NaN / inf vectors keep non-finite scales where the GPU's max would drop a NaN; tiny vectors
+    stored as zero codes; finite ones as the reference."""
+    from test_quant_kernels import check_vectors_at_the_edges
+
+    check_vectors_at_the_edges("cuda")
