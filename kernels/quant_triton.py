@@ -219,7 +219,7 @@ def c_planes(c0, c1, c2, c3):
     amax = tl.maximum(tl.maximum(tl.max(tl.abs(c0), 0), tl.max(tl.abs(c1), 0)),
                       tl.maximum(tl.max(tl.abs(c2), 0), tl.max(tl.abs(c3), 0)))
     expo = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # floor(log2 amax) for normal amax
-    e = tl.minimum(tl.maximum(21 - expo, -100), 126)  # amax * 2^e in [2^21, 2^22)
+    e = tl.minimum(tl.maximum(21 - expo, -106), 126)  # amax * 2^e in [2^21, 2^22); 2^e and 2^-e normal
     up = ((e + 127) << 23).to(tl.float32, bitcast=True)
     down = ((127 - e) << 23).to(tl.float32, bitcast=True)
     q0 = tl.floor(c0 * up + 0.5).to(tl.int32)

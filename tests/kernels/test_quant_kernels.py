@@ -122,7 +122,7 @@ def check_planes_dot(device):
     """``planes_dot`` (int8 codes against a vector in byte planes, integer dot products) against a
     float64 oracle: within 2^-21 of sum |code| * max |c| plus |exact| (its one rounding of c, a few
     fp32 ulps of the largest element); every code from -128 to 127, elements spanning 40 binades,
-    zero vectors, and NaN from any element that is not finite."""
+    elements near the top of fp32's range, zero vectors, and NaN from any element that is not finite."""
     from replayssm.kernels.quant_triton import planes_probe
 
     g = torch.Generator().manual_seed(7)
@@ -137,6 +137,12 @@ def check_planes_dot(device):
         bound = (codes.double().abs().sum(1) * c.abs().max().double() + exact.abs()) * 2.0 ** -21
         assert ((got - exact).abs() <= bound).all(), float(((got - exact).abs() / bound).max())
     assert torch.equal(planes_probe(codes.to(device), torch.zeros(128, device=device)).cpu(), torch.zeros(32))
+    pick = torch.zeros(32, 128, dtype=torch.int8)
+    pick[torch.arange(32), torch.arange(32) * 4 + 1] = torch.tensor([1, -1] * 16, dtype=torch.int8)
+    big = torch.randn(128, generator=g) * 1e37  # products that fit fp32 only one code at a time
+    want = pick.double() @ big.double()
+    got = planes_probe(pick.to(device), big.to(device)).cpu().double()
+    assert ((got - want).abs() <= big.abs().max().double() * 2.0 ** -21).all()
     for bad in (float("inf"), float("-inf"), float("nan")):
         c = torch.randn(128, generator=g)
         c[17] = bad
