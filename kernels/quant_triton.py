@@ -101,6 +101,12 @@ def _rn_e4m3(v):
 
 
 @triton.jit
+def _clamp_keep_nan(v, lim):
+    """``v`` clamped to [-lim, lim], NaN kept (the GPU's plain min / max would return the bound)."""
+    return tl.minimum(tl.maximum(v, -lim, propagate_nan=tl.PropagateNan.ALL), lim, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def round_to(v, u, FMT: tl.constexpr, SR: tl.constexpr, CAST_E4M3: tl.constexpr = False):
     """``quant.round_bits`` up to the final cast: fp32 ``v`` (scaled for int8 / fp8 by ``quantize_tile``:
     ``|v| <= QMAX`` up to an ulp; non-finite values leave a non-finite scale) rounded so that
@@ -128,8 +134,8 @@ def round_to(v, u, FMT: tl.constexpr, SR: tl.constexpr, CAST_E4M3: tl.constexpr 
         return v
     elif FMT == 2:  # fp16
         if SR:
-            v = _sr_float(tl.minimum(tl.maximum(v, -65504.0), 65504.0), u, 13, 0x38800000, 16777216.0)
-            v = tl.minimum(tl.maximum(v, -65504.0), 65504.0)
+            v = _sr_float(_clamp_keep_nan(v, 65504.0), u, 13, 0x38800000, 16777216.0)
+            v = _clamp_keep_nan(v, 65504.0)
         return v
     elif FMT == 1:  # bf16
         if SR:

@@ -44,7 +44,8 @@ def test_triton_quantize_is_bit_exact(dtype, axis, sr):
 def check_vectors_at_the_edges(device):
     """Vectors holding NaN or inf keep a non-finite scale (every value they decode to is non-finite,
     never a silently finite state), in the kernels' rounding as in the reference; a vector below
-    ``AMAX_FLOOR`` is stored as zero codes; finite vectors' codes and scales equal the reference's."""
+    ``AMAX_FLOOR`` is stored as zero codes; finite vectors' codes and scales equal the reference's.
+    fp16 / bf16 stochastic rounding keeps a NaN a NaN (the GPU's min / max would clamp it finite)."""
     from replayssm.kernels.quant_triton import quant_probe
 
     g = torch.Generator().manual_seed(3)
@@ -66,6 +67,13 @@ def check_vectors_at_the_edges(device):
             fin = [0, 4, 5]
             assert torch.equal(_codes(q[fin]), _codes(qr[fin])) and torch.equal(d[fin], dr[fin]), (dtype, sr)
             assert d[1].isnan() and dr[1].isnan() and d[2:4].isinf().all() and dr[2:4].isinf().all()
+    for dtype in (torch.float16, torch.bfloat16):  # unscaled: NaN stays NaN through stochastic rounding
+        rng = torch.tensor([[99, 5]], dtype=torch.int64, device=device)
+        q, _ = quant_probe(x.to(device), dtype, 1, rng[0])
+        qr, _ = Q.quantize(x, dtype, 1, Q._state_bits(rng.cpu(), (6, 32))[0])
+        assert q.cpu()[1, 7].isnan() and qr[1, 7].isnan(), dtype
+        fin = x.isfinite()
+        assert torch.equal(q.cpu()[fin], qr[fin]), dtype
 
 
 def test_vectors_at_the_edges():
