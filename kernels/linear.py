@@ -196,7 +196,7 @@ def _activate(g, ACTIVATION: tl.constexpr):
     elif ACTIVATION == "gelu_tanh":
         y = g * tl.sigmoid(1.5957691216057308 * (g + 0.044715 * g * g * g))
     else:
-        y = tl.maximum(g, 0.0)
+        y = tl.maximum(g, 0.0, propagate_nan=tl.PropagateNan.ALL)  # relu(NaN) = NaN, as F.relu
     return y
 
 

@@ -27,7 +27,7 @@ def gate_values(a_ptr, b_ptr, alog_ptr, bias_ptr, row, stride_a, stride_b, heads
     a = tl.load(a_ptr + row * stride_a + heads, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + row * stride_b + heads, mask=mask, other=0.0).to(tl.float32)
     x = a + tl.load(bias_ptr + heads, mask=mask, other=0.0).to(tl.float32)
-    softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+    softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0, propagate_nan=tl.PropagateNan.ALL))))
     g = -tl.exp(tl.load(alog_ptr + heads, mask=mask, other=0.0).to(tl.float32)) * softplus
     return g, tl.sigmoid(b) * beta_scale
 
