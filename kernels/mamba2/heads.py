@@ -50,13 +50,20 @@ def head_constants(h, ok, t, io, k):
 
 
 @triton.jit
+def decay(x):
+    """exp(min(x, 0)): a decay factor exp(A P) (A <= 0, P >= 0; masked slots clamp to 1), NaN kept (the
+    GPU's plain minimum would return 0 for a NaN A or dt, a silently finite decay of 1)."""
+    return tl.exp(tl.minimum(x, 0.0, propagate_nan=tl.PropagateNan.ALL))
+
+
+@triton.jit
 def window_weights(dtw, d, cur_l, a_h):
     """Put the current dt at slot c; weights w_j = dt_j exp(A (Pcum_c - Pcum_j)) and abar = exp(A Pcum_c)."""
     dtw = tl.where(cur_l, d, dtw.to(tl.float32))
     pcum = tl.cumsum(dtw, 0)
     p_c = tl.sum(tl.where(cur_l, pcum, 0.0), 0)
-    w = dtw * tl.exp(tl.minimum(a_h * (p_c - pcum), 0.0))
-    abar = tl.exp(tl.minimum(a_h * p_c, 0.0))
+    w = dtw * decay(a_h * (p_c - pcum))
+    abar = decay(a_h * p_c)
     return w, abar
 
 

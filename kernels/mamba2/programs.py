@@ -19,7 +19,7 @@ import triton.language as tl
 from ..persistent import flush_first_row
 from ..quant_triton import biased_words, c_planes, codes_to_f32, planes_dot, word_code_to_f32
 from ..split_dot import dot_f32
-from .heads import head_constants, head_scale, process_dt, store_state_tile, window_weights
+from .heads import decay, head_constants, head_scale, process_dt, store_state_tile, window_weights
 
 #: the tensors of a replay launch (optional ones replaced by ``x``, with zero strides)
 Tensors = namedtuple("Tensors", "x dt B C state x_buf dt_buf B_buf cursor A dt_bias D z out arrivals scale rng "
@@ -178,10 +178,10 @@ def _fma_window_update(s0, bcur, d, xcb, a_h, h, offs_p, mask_p, nn, mn, rows, t
         dj = tl.load(db_row + h * lay.db_h + j * lay.db_l, mask=ok, other=0.0).to(tl.float32)
         xj = tl.load(xb_row + h * lay.xb_h + j * lay.xb_l + offs_p * lay.xb_p, mask=mask_p & okp, other=0.0)
         bj = tl.load(Bb_row + j * lay.Bb_l + nn * lay.Bb_n, mask=mn & okn, other=0.0)
-        wj = dj * tl.exp(tl.minimum(a_h * later, 0.0))
+        wj = dj * decay(a_h * later)
         upd += (wj * xj.to(tl.float32))[:, None] * bj.to(tl.float32)[None, :]
         later += dj
-    abar = tl.exp(tl.minimum(a_h * later, 0.0))
+    abar = decay(a_h * later)
     return abar * s0 + upd
 
 

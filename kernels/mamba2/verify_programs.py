@@ -37,7 +37,7 @@ import triton.language as tl
 from ..cursor import count_arrival, cursor_of_word
 from ..quant_triton import codes_to_f32
 from ..split_dot import dot_f32 as _dot
-from .heads import head_constants, head_scale, process_dt, round_state_tile
+from .heads import decay, head_constants, head_scale, process_dt, round_state_tile
 
 #: the tensors of a verify launch (optional ones replaced by ``x``, with zero strides; ``arrivals``
 #: by ``cursor`` when the cursor word counts the arrivals)
@@ -176,7 +176,7 @@ def _fold_tile(s0, sc, br, b, h, nn, offs_p, mask_p, a_h, ring_l, xr, dtr, t, io
     stored tile and its lane scales (int8 / fp8: the codes and the scales it stored, for which the
     tile spans N; else 1)."""
     pc = tl.sum(dtr, 0)
-    w = dtr * tl.exp(tl.minimum(a_h * (pc - tl.cumsum(dtr, 0)), 0.0))
+    w = dtr * decay(a_h * (pc - tl.cumsum(dtr, 0)))
     wb = tl.where(ring_l[None, :], br.to(tl.float32) * w[None, :], 0.0)
     xq = xr.to(t.x_buf.dtype.element_ty)  # the ring's values: exact
     if k.DOT_PREC == "bf16x2":  # the stored checkpoint gets the 24-bit split
@@ -187,7 +187,7 @@ def _fold_tile(s0, sc, br, b, h, nn, offs_p, mask_p, a_h, ring_l, xr, dtr, t, io
         s0f = codes_to_f32(s0, k.FMT) * sc[None, :]
     else:
         s0f = s0.to(tl.float32)
-    s_new = tl.exp(tl.minimum(a_h * pc, 0.0)) * s0f + upd
+    s_new = decay(a_h * pc) * s0f + upd
     m2 = (nn < lay.N)[:, None] & mask_p[None, :]
     ptrs = t.state + b * lay.s_b + h * lay.s_h + nn[:, None] * lay.s_n + offs_p[None, :] * lay.s_p
     if (k.FMT >= 3) | k.SR:
@@ -222,12 +222,12 @@ def _head_outputs(b, h, s, flush, pb, s0c, bc, xr, dtr, wl, dtb, dco, a_h, offs_
     pos = s + offs_t  # slot of each token
     p_t = tl.sum(tl.where(offs_l[None, :] == pos[:, None], pcum[None, :], 0.0), 1)  # (BLOCK_T,) Pcum at the token
     vis = offs_l[None, :] <= pos[:, None]  # (BLOCK_T, BLOCK_L): slot j seen by token t
-    m = tl.where(vis, dtw[None, :] * tl.exp(tl.minimum(a_h * (p_t[:, None] - pcum[None, :]), 0.0)) * bc, 0.0)
+    m = tl.where(vis, dtw[None, :] * decay(a_h * (p_t[:, None] - pcum[None, :])) * bc, 0.0)
     xinb = xin.to(t.x_buf.dtype.element_ty)
     xw = tl.where(hist_l[:, None], xr, xinb.to(tl.float32))
     xw = tl.where(win_l[:, None] & _non_finite(xw), 0.0, xw)
     xw = xw.to(t.x_buf.dtype.element_ty)  # ring entries and rounded inputs: exact
-    y = tl.exp(tl.minimum(a_h * p_t, 0.0))[:, None] * s0c + _dot(m, xw, False, k.DOT_PREC)
+    y = decay(a_h * p_t)[:, None] * s0c + _dot(m, xw, False, k.DOT_PREC)
     xt = xt.to(tl.float32)
     y = tl.where(tl.cumsum(_non_finite(xt).to(tl.int32), 0) > 0, float("nan"), y)  # a non-finite x at a token <= t
     if k.HAS_D:

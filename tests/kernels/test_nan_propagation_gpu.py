@@ -28,3 +28,24 @@ def test_gdn_gates_keep_nan():
     g, beta = gdn_gates(a, torch.randn(4, 32, device="cuda"), A_log, dt_bias, backend="triton")
     g_ref, _ = gdn_gates(a, torch.zeros(4, 32, device="cuda"), A_log, dt_bias, backend="torch")
     assert torch.equal(g.isnan(), g_ref.isnan()) and g[1, 5].isnan()
+
+
+def test_mamba2_replay_keeps_a_nan_decay():
+    """A NaN in A (a broken checkpoint) makes its head's outputs NaN, as in the reference, where the
+    decay's clamp would otherwise read it as A = 0 (no decay) and return finite values."""
+    from replayssm.kernels.mamba2 import mamba2_replay_decode_reference
+    from replayssm.kernels.mamba2.ops import mamba2_replay_decode_triton
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    Bsz, H, P, N, G, L = 2, 4, 16, 32, 2, 4
+    rnd = lambda *s: torch.randn(*s, generator=g, device="cuda")  # noqa: E731
+    A = -torch.rand(H, generator=g, device="cuda")
+    A[1] = float("nan")
+    inputs = (rnd(Bsz, H, P), rnd(Bsz, H), rnd(Bsz, G, N), rnd(Bsz, G, N))
+    state = rnd(Bsz, H, P, N)
+    ys = []
+    for fn in (mamba2_replay_decode_reference, mamba2_replay_decode_triton):
+        bufs = (rnd(Bsz, H, L, P) * 0, torch.zeros(Bsz, H, L, device="cuda"), torch.zeros(Bsz, G, L, N, device="cuda"))
+        cursor = torch.tensor([1, 3], dtype=torch.int32, device="cuda")  # an output-only row and a flushing one
+        ys.append(fn(*inputs, state.clone(), *bufs, cursor, A, None, None, None, True))
+    assert ys[0][:, 1].isnan().all() and torch.equal(ys[1].isnan(), ys[0].isnan())
