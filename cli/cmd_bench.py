@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import typer
 
-from replayssm.config import MAX_BUFFER_LEN, StateDtype, parse_buffer_len, parse_state_dtype
+from replayssm.config import MAX_BUFFER_LEN, ModelDtype, StateDtype, parse_buffer_len, parse_state_dtype
 from replayssm.presets import PRESETS
 
 from .cmd_inspect import MODEL_HELP
@@ -31,7 +31,8 @@ def bench_command(
                                                   "\\[default: 40; --smoke: 24]."),
     prompt_len: Optional[int] = typer.Option(None, "--prompt-len", min=1, metavar="N", show_default=False,
                                              help="Prompt tokens per row \\[default: 16; --smoke: 8]."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", metavar=choices(StateDtype), show_default=False,
+    dtype: Optional[str] = typer.Option(None, "--dtype", metavar=choices(ModelDtype, skip=ModelDtype.AUTO),
+                                        show_default=False,
                                         callback=option_parser(parse_state_dtype),
                                         help="Weights and activations \\[default: bf16; --smoke: fp32]."),
     state_dtype: str = typer.Option(StateDtype.FP32.value, "--state-dtype", metavar=choices(StateDtype),

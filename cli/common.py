@@ -32,9 +32,9 @@ def option_parser(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return callback
 
 
-def choices(enum: type[Enum]) -> str:
-    """"[fp32|bf16|fp16]": the metavar of an option that takes an enum's values."""
-    return "[" + "|".join(m.value for m in enum) + "]"
+def choices(enum: type[Enum], skip: Enum | None = None) -> str:
+    """"[fp32|bf16|fp16]": the metavar of an option that takes an enum's values (but ``skip``)."""
+    return "[" + "|".join(m.value for m in enum if m is not skip) + "]"
 
 
 def print_json(obj: Any) -> None:

@@ -209,6 +209,8 @@ def test_help_has_examples():
     assert result.exit_code == 0, result.output
     for word in ("--preset", "--batch-sizes", "--plot", "--smoke", "replayssm bench --preset", "Exit codes"):
         assert word in result.output, word
+    dtype_line = next(line for line in result.output.splitlines() if "--dtype " in line)
+    assert "[fp32|bf16|fp16]" in dtype_line  # the weights' dtypes only: 8-bit is a checkpoint's (--state-dtype)
 
 
 # --------------------------------------------------------------------------- the library
