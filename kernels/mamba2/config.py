@@ -44,7 +44,7 @@ class LaunchConfig:
         output-only launch reads a one-tile int8 checkpoint as int32 words of four codes.
     flush_warps: warps of the split's flush launch (None: ``num_warps``).
     word_dots: the split's output-only launch takes ``S0 . C`` on int8 words as ``dp4a`` integer products
-        against C rounded to 2^-22 of its largest element in byte planes (``quant_triton.planes_dot``)
+        against C rounded to 2^-22 of its largest element in byte planes (``int8_dot.planes_dot``)
         instead of decoding each code (a third fewer instructions in its loop over heads, sm_90); off
         until timed on a GPU (TUNING.md).
     """

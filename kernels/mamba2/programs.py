@@ -17,7 +17,8 @@ import triton
 import triton.language as tl
 
 from ..persistent import flush_first_row
-from ..quant_triton import biased_words, c_planes, codes_to_f32, planes_dot, word_code_to_f32
+from ..int8_dot import c_planes, planes_dot
+from ..quant_triton import biased_words, codes_to_f32, word_code_to_f32
 from ..split_dot import dot_f32
 from .heads import decay, head_constants, head_scale, process_dt, store_state_tile, window_weights
 

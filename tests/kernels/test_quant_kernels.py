@@ -131,7 +131,7 @@ def check_planes_dot(device):
     float64 oracle: within 2^-21 of sum |code| * max |c| plus |exact| (its one rounding of c, a few
     fp32 ulps of the largest element); every code from -128 to 127, elements spanning 40 binades,
     elements near the top of fp32's range, zero vectors, and NaN from any element that is not finite."""
-    from replayssm.kernels.quant_triton import planes_probe
+    from replayssm.kernels.int8_dot import planes_probe
 
     g = torch.Generator().manual_seed(7)
     codes = torch.randint(-128, 128, (32, 128), generator=g, dtype=torch.int32).to(torch.int8)

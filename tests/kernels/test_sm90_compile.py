@@ -11,7 +11,7 @@ import itertools
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from replayssm.kernels import quant_triton as Q
+from replayssm.kernels import int8_dot, quant_triton as Q
 
 target = GPUTarget("cuda", 90, 32)
 stored = {4: "*i8", 3: "*fp8e4nv", 2: "*fp16", 1: "*bf16"}
@@ -26,7 +26,7 @@ for fmt in (4, 3):
     triton.compile(ASTSource(Q.codes_probe_kernel, sig, constexprs=consts), target=target)
 consts = dict(BM=32, BW=32)
 sig = dict(w_ptr="*i32", c_ptr="*fp32", out_ptr="*fp32", M="i32", NW="i32", BM="constexpr", BW="constexpr")
-triton.compile(ASTSource(Q.planes_probe_kernel, sig, constexprs=consts), target=target)
+triton.compile(ASTSource(int8_dot.planes_probe_kernel, sig, constexprs=consts), target=target)
 print("compiled")
 """
 
