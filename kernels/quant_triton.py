@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from .backend import triton_interpreter_on
+from .quant import AMAX_FLOOR
 
 #: FMT codes of the stored checkpoint dtypes
 FMT_FP32, FMT_BF16, FMT_FP16, FMT_FP8, FMT_INT8 = 0, 1, 2, 3, 4
@@ -172,6 +173,9 @@ def word_code_to_f32(u, SHIFT: tl.constexpr):
     return (((u >> SHIFT) & 0xFF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0
 
 
+#: ``quant.AMAX_FLOOR`` in the kernels
+AMAX_FLOOR_F32 = tl.constexpr(AMAX_FLOOR)
+
 @triton.jit
 def _max_nan(a, b):
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
@@ -187,7 +191,7 @@ def tile_scale(s, AXIS: tl.constexpr, FMT: tl.constexpr):
     else:
         qmax = 448.0
     amax = tl.reduce(tl.abs(s), AXIS, _max_nan)
-    enc = tl.where(amax >= 7.888609052210118e-31, qmax / amax, 0.0)  # quant.AMAX_FLOOR, 2^-100
+    enc = tl.where(amax >= AMAX_FLOOR_F32, qmax / amax, 0.0)
     return enc, amax / qmax
 
 
